@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by Vigil's servers and clients: errors, server bootstrap, channels."""

@@ -1,0 +1,33 @@
+"""Protocol adapters: how the gateway talks to a model endpoint, behind one interface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.adapters.base import AdapterError, ModelAdapter, ModelIdentity, ModelReply
+from gateway.adapters.vigil_grpc import VigilAdapter
+from rpc.errors import InvalidArgument
+
+ADAPTERS: dict[str, Callable[[str], ModelAdapter]] = {
+    "vigil": VigilAdapter,
+}
+
+
+def create_adapter(protocol: str, address: str) -> ModelAdapter:
+    """The adapter for ``protocol``; an unknown protocol is the caller's mistake."""
+    try:
+        factory = ADAPTERS[protocol]
+    except KeyError:
+        known = ", ".join(sorted(ADAPTERS))
+        raise InvalidArgument(f"unknown protocol {protocol!r}; known: {known}") from None
+    return factory(address)
+
+
+__all__ = [
+    "ADAPTERS",
+    "AdapterError",
+    "ModelAdapter",
+    "ModelIdentity",
+    "ModelReply",
+    "create_adapter",
+]
