@@ -59,7 +59,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         if args.force:
             manifest, images = build_suite(args.suite, args.size, args.seed, progress=progress)
             bench = write_benchmark(
-                root, f"{args.suite}-{args.size}", args.suite, args.size, args.seed, manifest, images
+                root,
+                f"{args.suite}-{args.size}",
+                args.suite,
+                args.size,
+                args.seed,
+                manifest,
+                images,
             )
         else:
             bench = ensure_builtin(root, args.suite, args.size, args.seed, progress=progress)

@@ -181,7 +181,11 @@ def canonical_rows(rows: Iterable[Mapping[str, Any]]) -> list[str]:
             (
                 str(clean["item_id"]),
                 json.dumps(
-                    clean, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+                    clean,
+                    sort_keys=True,
+                    separators=(",", ":"),
+                    ensure_ascii=False,
+                    allow_nan=False,
                 ),
             )
         )

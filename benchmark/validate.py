@@ -183,7 +183,9 @@ def _column_type_problems(manifest: pd.DataFrame, present: set[str]) -> tuple[li
         if pd.api.types.is_bool_dtype(series.dtype):
             usable.add("is_control")
         else:
-            bad = [ids[i] for i, v in enumerate(series.tolist()) if not isinstance(v, bool)]
+            bad = [
+                ids[i] for i, v in enumerate(series.tolist()) if not isinstance(v, bool | np.bool_)
+            ]
             problems.extend(f"item {iid}: column 'is_control' must be a bool" for iid in bad)
             if not bad:
                 usable.add("is_control")

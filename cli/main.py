@@ -55,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, VigilError) as exc:
         print(f"vigil: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"vigil: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -185,7 +185,10 @@ def run_up(args: argparse.Namespace) -> int:
     _say(
         f"benchmark {bench.id}: {bench.meta.item_count} items, {bench.meta.subject_count} subjects"
     )
-    model_dir = ensure_tiny_llava(data_dir / "models" / "tiny-llava")
+    try:
+        model_dir = ensure_tiny_llava(data_dir / "models" / "tiny-llava")
+    except FileExistsError as exc:
+        raise UsageError(f"{exc}; move it away and run again") from None
     _say(f"hf model: {model_dir}")
 
     sup = Supervisor(data_dir)
@@ -202,8 +205,8 @@ def run_up(args: argparse.Namespace) -> int:
         models = [("random-baseline", ["model", "--backend", "random"]), ("tiny-llava", tiny)]
         endpoints: list[tuple[str, str]] = []
         for i, (name, cmd) in enumerate(models):
-            svc = sup.start(name, [*cmd, "--host", host, "--port", str(args.model_port + i),
-                                   "--metrics-port", str(args.model_metrics_port + i)])  # fmt: skip
+            svc = sup.start(name, [*cmd, "--host", host, "--port", str(args.model_port + i if args.model_port else 0),
+                                   "--metrics-port", str(args.model_metrics_port + i if args.model_metrics_port else 0)])  # fmt: skip
             address = f"{host}:{svc.ports['grpc_port']}"
             wait_serving(address, 300)
             endpoints.append((name, address))

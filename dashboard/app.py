@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import pandas as pd
 import streamlit as st
 from pydantic import ValidationError
+from streamlit.elements.lib.column_types import ColumnConfig
 
 from dashboard import charts, client, views
 from dashboard.settings import DashboardSettings
@@ -40,7 +41,7 @@ def guarded(what: str) -> Iterator[None]:
         st.error(f"{exc} {what} cannot be shown.")
 
 
-def _metric_columns() -> dict[str, object]:
+def _metric_columns() -> dict[str, ColumnConfig]:
     return {
         m.label: st.column_config.TextColumn(m.label, help=m.meaning.capitalize() + ".")
         for m in views.METRICS
@@ -109,8 +110,16 @@ def fleet_section(fleet: client.Fleet) -> None:
     st.dataframe(
         table.frame,
         hide_index=True,
-        column_order=["Model", "Version", "State", *views.METRIC_LABELS.values(), "Responses",
-                      "Run", "Benchmark", "Started"],  # fmt: skip
+        column_order=[
+            "Model",
+            "Version",
+            "State",
+            *views.METRIC_LABELS.values(),
+            "Responses",
+            "Run",
+            "Benchmark",
+            "Started",
+        ],  # fmt: skip
         column_config={
             "Model": st.column_config.TextColumn("Model", pinned=True),
             "Run": st.column_config.TextColumn("Run", help="The run's id at the gateway."),

@@ -13,12 +13,17 @@ def trend_chart(points: pd.DataFrame, metric_label: str) -> alt.LayerChart:
 
     ``points`` is :func:`dashboard.views.trend_points` output.
     """
-    x = alt.X("run_start_time:T", title="Run started (UTC)")
+    x = alt.X(
+        "run_start_time:T",
+        title="Run started (UTC)",
+        scale=alt.Scale(type="utc"),
+        axis=alt.Axis(format="%b %d %H:%M", labelAngle=-30, labelOverlap=True),
+    )
     color = alt.Color("model_name:N", title="Model")
     tooltip = [
         alt.Tooltip("model_name:N", title="Model"),
         alt.Tooltip("run_id:N", title="Run"),
-        alt.Tooltip("run_start_time:T", title="Started", format="%Y-%m-%d %H:%M"),
+        alt.Tooltip("started:N", title="Started"),
         alt.Tooltip("figure:N", title=metric_label),
         alt.Tooltip("status:N", title="State"),
     ]
@@ -35,7 +40,7 @@ def trend_chart(points: pd.DataFrame, metric_label: str) -> alt.LayerChart:
         .encode(x=x, y=alt.Y("lower:Q", title=metric_label, scale=_UNIT), y2="upper:Q",
                 color=color, tooltip=tooltip)
     )  # fmt: skip
-    return alt.layer(bars, lines).properties(height=320)
+    return alt.LayerChart(layer=[bars, lines], height=320)
 
 
 def reliability_chart(bins: pd.DataFrame) -> alt.LayerChart:
@@ -77,4 +82,4 @@ def reliability_chart(bins: pd.DataFrame) -> alt.LayerChart:
         .mark_line(strokeDash=[5, 5], color="gray")
         .encode(x=alt.X("x:Q", scale=_UNIT), y=alt.Y("y:Q", scale=_UNIT))
     )
-    return alt.layer(bars, diagonal, dots, counts).properties(height=360)
+    return alt.LayerChart(layer=[bars, diagonal, dots, counts], height=360)

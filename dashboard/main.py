@@ -40,6 +40,8 @@ def streamlit_command(settings: DashboardSettings) -> list[str]:
         "--server.headless", "true",
         "--server.fileWatcherType", "none",
         "--browser.gatherUsageStats", "false",
+        # Oversight readers get the viewer's menu, without deploy / rerun / clear-cache.
+        "--client.toolbarMode", "viewer",
     ]  # fmt: skip
 
 

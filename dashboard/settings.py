@@ -42,6 +42,5 @@ class DashboardSettings(BaseSettings):
 def settings_env(settings: DashboardSettings) -> dict[str, str]:
     """``settings`` as ``VIGIL_DASHBOARD_*`` variables that rebuild it in another process."""
     return {
-        f"{ENV_PREFIX}{name.upper()}": str(value)
-        for name, value in settings.model_dump().items()
+        f"{ENV_PREFIX}{name.upper()}": str(value) for name, value in settings.model_dump().items()
     }

@@ -183,7 +183,9 @@ def task_table(breakdown: pd.DataFrame, fmt: str = "all") -> Table:
     """Rows per task (pooled "all tasks" first) for one format, columns the headline figures."""
     rows = breakdown[(breakdown["format"] == fmt) & (breakdown["group_axis"] == "")]
     if rows.empty:
-        return Table(pd.DataFrame(columns=["Task", "Responses", "Subjects", *METRIC_LABELS.values()]))
+        return Table(
+            pd.DataFrame(columns=["Task", "Responses", "Subjects", *METRIC_LABELS.values()])
+        )
     counts = rows.groupby("task", as_index=False).agg(
         Responses=("response_count", "max"), Subjects=("subject_count", "max")
     )
@@ -221,14 +223,21 @@ def trend_points(points: pd.DataFrame) -> pd.DataFrame:
         for r in df.itertuples(index=False)
     ]
     df["status"] = ["final" if f else "in progress" for f in df["final"]]
+    df["started"] = [format_time(t) for t in df["run_start_time"]]
     return df.reset_index(drop=True)
 
 
 def reliability_bins(bins: pd.DataFrame) -> pd.DataFrame:
-    """Bins with their edges as fractions, a label and the count text; empty bins kept (count 0)."""
-    df = bins.copy()
+    """Bins with their edges as fractions, a label and the count text; empty bins kept (count 0).
+
+    A bin is drawn from its lower edge to the next bin's lower edge (the top bin to 100%), so
+    the bars tile the axis whether ``upper_percent`` is reported inclusive (9, 19, ...) or
+    exclusive (10, 20, ...).
+    """
+    df = bins.sort_values("lower_percent").reset_index(drop=True)
     df["bin_lower"] = df["lower_percent"] / 100.0
-    df["bin_upper"] = df["upper_percent"] / 100.0
+    upper = [*df["lower_percent"].iloc[1:], max(100, *df["upper_percent"])] if len(df) else []
+    df["bin_upper"] = [u / 100.0 for u in upper]
     df["bin"] = [
         f"{lo}-{hi}%" for lo, hi in zip(df["lower_percent"], df["upper_percent"], strict=True)
     ]

@@ -161,7 +161,8 @@ class RunManager:
         task = asyncio.create_task(self._execute(run), name=f"run {run.run_id}")
         self.tasks[run.run_id] = task
         self._task_endpoint[run.run_id] = run.endpoint_name
-        task.add_done_callback(lambda _t, rid=run.run_id: self._forget(rid))
+        run_id = run.run_id
+        task.add_done_callback(lambda _t: self._forget(run_id))
         self.metrics.active_runs.set(len(self.tasks))
 
     def _forget(self, run_id: str) -> None:

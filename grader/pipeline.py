@@ -120,7 +120,9 @@ class Grader:
         self.exporter.last_seq.set(last_seq)
         if graded:
             newest = graded[-1]
-            recorded = newest["start_time"].timestamp() + float(newest["latency_s"])  # type: ignore[attr-defined]
+            start = newest["start_time"]
+            assert isinstance(start, datetime)
+            recorded = start.timestamp() + float(str(newest["latency_s"]))
             self.exporter.lag.set(max(0.0, time.time() - recorded))
         self.dirty.update(runs_seen)
         for end in run_ends:

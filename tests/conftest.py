@@ -16,7 +16,7 @@ def benchmark_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_benchmark(benchmark_root: Path):  # type: ignore[no-untyped-def]
+def small_benchmark(benchmark_root: Path):
     """The built-in brain-MRI suite, small size, built once per test session."""
     from benchmark.store import ensure_builtin
 

@@ -255,9 +255,7 @@ def make_subject(
     # Brain extent on the subject grid: the atlas brain boundary carried into subject space.
     inverse = np.linalg.inv(matrix)
     grid_pts = (atlas.surface - offset) @ inverse.T
-    extent = tuple(
-        (float(grid_pts[:, a].min()), float(grid_pts[:, a].max())) for a in range(3)
-    )
+    extent = tuple((float(grid_pts[:, a].min()), float(grid_pts[:, a].max())) for a in range(3))
     return Subject(
         index=index,
         subject_id=f"sub-{index + 1:04d}",
@@ -398,7 +396,7 @@ def _slice_grid(plane: str, index: int) -> np.ndarray:
         np.arange(shape[others[1]], dtype=np.float64),
         indexing="ij",
     )
-    coords = [np.empty(0)] * 3
+    coords: list[np.ndarray] = [a0, a0, a0]
     coords[axis] = np.full(a0.shape, float(index))
     coords[others[0]], coords[others[1]] = a0, a1
     return np.stack(coords)
@@ -406,9 +404,7 @@ def _slice_grid(plane: str, index: int) -> np.ndarray:
 
 def _display(fields: Fields) -> Fields:
     """Reorient raw-slice fields for display (the same flip and transpose as :func:`plane_view`)."""
-    return Fields(
-        *(np.ascontiguousarray(getattr(fields, n)[::-1, ::-1].T) for n in _FIELD_NAMES)
-    )
+    return Fields(*(np.ascontiguousarray(getattr(fields, n)[::-1, ::-1].T) for n in _FIELD_NAMES))
 
 
 @dataclass(frozen=True, eq=False)

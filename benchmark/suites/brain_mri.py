@@ -12,10 +12,12 @@ byte-identical images and manifest whatever the order or process subjects are bu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -112,7 +114,9 @@ def size_spec(size: str) -> SizeSpec:
     try:
         return SIZES[size]
     except KeyError:
-        raise ValueError(f"unknown size {size!r} for {SUITE}; choose from {', '.join(SIZES)}") from None
+        raise ValueError(
+            f"unknown size {size!r} for {SUITE}; choose from {', '.join(SIZES)}"
+        ) from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -151,7 +155,9 @@ def subject_for(size: str, seed: int, index: int) -> anatomy.Subject:
     )
 
 
-def noise_rng(subject: anatomy.Subject, plane: str, depth: float, sequence: str):
+def noise_rng(
+    subject: anatomy.Subject, plane: str, depth: float, sequence: str
+) -> np.random.Generator:
     """The generator of the Rician noise of one rendered slice."""
     return np.random.default_rng(
         [
@@ -195,15 +201,26 @@ def _render_job(job: tuple[str, int, int]) -> list[SliceImage]:
     return render_subject(*job)
 
 
-def _rendered(size: str, seed: int, workers: int) -> Iterator[list[SliceImage]]:
+@contextlib.contextmanager
+def _rendered(size: str, seed: int, workers: int) -> Iterator[Iterator[list[SliceImage]]]:
+    """Subjects' slices in index order, rendered by ``workers`` processes.
+
+    Workers are forked (sharing the loaded atlas) only while this process has no other threads;
+    forking a threaded process (a gRPC server, say) can deadlock, so then they are spawned. Enter
+    this before starting a progress bar: the pool is started on entry.
+    """
     jobs = [(size, seed, i) for i in range(size_spec(size).subjects)]
-    anatomy.load_atlas()  # load before forking, so workers share the maps
-    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            yield from pool.map(_render_job, jobs, chunksize=4)
-    else:
-        yield from map(_render_job, jobs)
+    if workers <= 1:
+        anatomy.load_atlas()
+        yield map(_render_job, jobs)
+        return
+    method = "spawn"
+    if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
+        anatomy.load_atlas()  # before forking, so the workers share the maps
+        method = "fork"
+    context = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        yield pool.map(_render_job, jobs, chunksize=4)  # submits every job now
 
 
 def _option_order(seed: int, item_id: str, options: tuple[str, ...]) -> list[str]:
@@ -293,15 +310,17 @@ def build(
         workers = min(os.cpu_count() or 1, 4) if spec.subjects > 32 else 1
     rows: list[dict] = []
     images: dict[str, bytes] = {}
-    bar = tqdm(
-        total=spec.subjects + 1,
-        desc=f"{SUITE} {size}",
-        unit="subject",
-        disable=not progress,
-        leave=False,
-    )
-    with bar:
-        for slices in _rendered(size, seed, workers):
+    with (
+        _rendered(size, seed, workers) as rendered,
+        tqdm(
+            total=spec.subjects + 1,
+            desc=f"{SUITE} {size}",
+            unit="subject",
+            disable=not progress,
+            leave=False,
+        ) as bar,
+    ):
+        for slices in rendered:
             for image in slices:
                 path = fmt.image_path_for(image.png)
                 images[path] = image.png

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from benchmark.format import encode_png
 from benchmark.suites.imaging import IMAGE_SIZE, normalise, pad_square, resize
+
+if TYPE_CHECKING:
+    from pydicom import Dataset
 
 
 @dataclass(frozen=True)
@@ -77,14 +81,14 @@ class ControlPlan:
         return len(DICOM_SOURCES) * len(self.dicom_variants) + sum(self.noise) + self.blank
 
 
-def non_brain_evidence(ds: object) -> str | None:
+def non_brain_evidence(ds: Dataset) -> str | None:
     """What in a DICOM dataset's metadata shows it is not a head study, or None if nothing does.
 
     Any head word in the body part, descriptions, protocol or patient id rules a file out; then one
     of: a non-head BodyPartExamined, a non-head ultrasound ImageType, or a CT reconstructed at a
     body-sized field of view.
     """
-    get = ds.get  # type: ignore[attr-defined]
+    get = ds.get
     body_part = str(get("BodyPartExamined", "") or "").upper()
     texts = " ".join(
         str(get(k, "") or "")
@@ -105,12 +109,12 @@ def non_brain_evidence(ds: object) -> str | None:
     return None
 
 
-def _grey(ds: object) -> np.ndarray:
+def _grey(ds: Dataset) -> np.ndarray:
     """The first frame of a DICOM image as float greyscale."""
     from pydicom.pixels import apply_color_lut
 
-    pixels = ds.pixel_array  # type: ignore[attr-defined]
-    photometric = str(ds.PhotometricInterpretation)  # type: ignore[attr-defined]
+    pixels = ds.pixel_array
+    photometric = str(ds.PhotometricInterpretation)
     frames = int(getattr(ds, "NumberOfFrames", 1) or 1)
     if frames > 1:
         pixels = pixels[0]

@@ -11,7 +11,7 @@ from tests.stack import Stack, gateway_stub, register, wait_run
 from vigil.gateway.v1 import gateway_pb2 as gw
 
 
-def test_gateway_sigkill_mid_run_resumes_exactly_once(stack: Stack, small_benchmark) -> None:  # type: ignore[no-untyped-def]
+def test_gateway_sigkill_mid_run_resumes_exactly_once(stack: Stack, small_benchmark) -> None:
     bench = small_benchmark
     n = bench.meta.item_count
     model = stack.start_model("slow", "random", ["--latency-ms", "15"])

@@ -22,11 +22,11 @@ from vigil.gateway.v1 import gateway_pb2 as gw
 from vigil.grader.v1 import grader_pb2 as gr
 
 
-def read_log(gateway) -> list[gw.StreamResponsesResponse]:  # type: ignore[no-untyped-def]
+def read_log(gateway) -> list[gw.StreamResponsesResponse]:
     return list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0), timeout=30))
 
 
-def all_metrics(grader, run_ids: list[str]) -> dict[tuple, tuple]:  # type: ignore[no-untyped-def]
+def all_metrics(grader, run_ids: list[str]) -> dict[tuple, tuple]:
     out = {}
     for run_id in run_ids:
         for axis in ("", *GROUP_AXES):
@@ -44,12 +44,14 @@ def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
-def test_two_models_end_to_end(stack: Stack, small_benchmark, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+def test_two_models_end_to_end(stack: Stack, small_benchmark, tiny_model_dir) -> None:
     bench = small_benchmark
     assert bench.meta.item_count >= 50
     random_model = stack.start_model("random", "random")
     hf_model = stack.start_model(
-        "hf", "hf", ["--model-path", str(tiny_model_dir), "--model-name", "tiny-llava", "--torch-threads", "1"]
+        "hf",
+        "hf",
+        ["--model-path", str(tiny_model_dir), "--model-name", "tiny-llava", "--torch-threads", "1"],
     )
     gateway_proc = stack.start_gateway()
     grader_proc = stack.start_grader(gateway_proc, extra=["--bootstrap-resamples", "200"])
@@ -60,7 +62,9 @@ def test_two_models_end_to_end(stack: Stack, small_benchmark, tiny_model_dir) ->
 
     run_ids = []
     for name in ("random-baseline", "tiny-llava"):
-        run = gateway.StartRun(gw.StartRunRequest(endpoint_name=name, benchmark=bench.id), timeout=30).run
+        run = gateway.StartRun(
+            gw.StartRunRequest(endpoint_name=name, benchmark=bench.id), timeout=30
+        ).run
         assert run.benchmark_hash == bench.content_hash
         run_ids.append(run.run_id)
     for run_id in run_ids:
@@ -119,7 +123,10 @@ def test_two_models_end_to_end(stack: Stack, small_benchmark, tiny_model_dir) ->
             if has_interval:
                 assert lower == m["lower"] and upper == m["upper"], k
             assert (n, subjects, too_few, final) == (
-                m["response_count"], m["subject_count"], m["too_few_subjects"], True
+                m["response_count"],
+                m["subject_count"],
+                m["too_few_subjects"],
+                True,
             )
         assert len([k for k in stored if k[0] == run_id]) == len(metrics)
 
@@ -129,33 +136,50 @@ def test_two_models_end_to_end(stack: Stack, small_benchmark, tiny_model_dir) ->
     assert stored[(run_ids[0], "all", "all", "", "", "coverage")][0] == 1.0
 
     # Reliability diagram: ten bins whose counts add up to the answered-with-confidence items.
-    diagram = grader.GetReliabilityDiagram(gr.GetReliabilityDiagramRequest(run_id=run_ids[0]), timeout=10)
+    diagram = grader.GetReliabilityDiagram(
+        gr.GetReliabilityDiagramRequest(run_id=run_ids[0]), timeout=10
+    )
     assert len(diagram.bins) == 10 and diagram.model_name == "random-baseline"
     assert sum(b.count for b in diagram.bins) == bench.meta.item_count
 
     # Prometheus: the grader exports the latest figures; the gateway its request counters.
-    grader_metrics = urllib.request.urlopen(
-        f"http://127.0.0.1:{grader_proc.ports['metrics_port']}/metrics", timeout=10
-    ).read().decode()
-    assert 'vigil_grader_metric{metric="accuracy",model="random-baseline",task="all"}' in grader_metrics
-    gateway_metrics = urllib.request.urlopen(
-        f"http://127.0.0.1:{gateway_proc.ports['metrics_port']}/metrics", timeout=10
-    ).read().decode()
+    grader_metrics = (
+        urllib.request.urlopen(
+            f"http://127.0.0.1:{grader_proc.ports['metrics_port']}/metrics", timeout=10
+        )
+        .read()
+        .decode()
+    )
+    assert (
+        'vigil_grader_metric{metric="accuracy",model="random-baseline",task="all"}'
+        in grader_metrics
+    )
+    gateway_metrics = (
+        urllib.request.urlopen(
+            f"http://127.0.0.1:{gateway_proc.ports['metrics_port']}/metrics", timeout=10
+        )
+        .read()
+        .decode()
+    )
     assert 'vigil_gateway_requests_total{endpoint="tiny-llava",outcome="ok"}' in gateway_metrics
 
     # Delete the grader's database, replay from sequence 0: identical numbers.
     stack.stop("grader")
     (stack.root / "grader.duckdb").unlink()
-    replay = stack.start_grader(gateway_proc, name="grader2", extra=["--bootstrap-resamples", "200"])
+    replay = stack.start_grader(
+        gateway_proc, name="grader2", extra=["--bootstrap-resamples", "200"]
+    )
     grader2 = grader_stub(replay.address)
     wait_graded(grader2, run_ids)
     again = all_metrics(grader2, run_ids)
     assert again.keys() == stored.keys()
     for k, v in stored.items():
-        assert all(same(a, b) if isinstance(a, float) else a == b for a, b in zip(v, again[k], strict=True)), k
+        assert all(
+            same(a, b) if isinstance(a, float) else a == b for a, b in zip(v, again[k], strict=True)
+        ), k
 
 
-def test_bad_input_is_refused_clearly(stack: Stack, small_benchmark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_is_refused_clearly(stack: Stack, small_benchmark, tmp_path) -> None:
     import shutil
 
     import pytest
@@ -165,7 +189,7 @@ def test_bad_input_is_refused_clearly(stack: Stack, small_benchmark, tmp_path) -
     model = stack.start_model("random", "random")
     register(gateway, "random-baseline", model.address)
 
-    def code_of(call) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+    def code_of(call) -> tuple[grpc.StatusCode, str]:
         with pytest.raises(grpc.RpcError) as info:
             call()
         return info.value.code(), info.value.details()

@@ -8,6 +8,7 @@ tested at the bottom against hand-built frames.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Iterator
@@ -20,7 +21,16 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import views
 from dashboard.settings import DashboardSettings, settings_env
-from tests.stack import REPO, Proc, Stack, gateway_stub, grader_stub, register, wait_graded, wait_run
+from tests.stack import (
+    REPO,
+    Proc,
+    Stack,
+    gateway_stub,
+    grader_stub,
+    register,
+    wait_graded,
+    wait_run,
+)
 from vigil.gateway.v1 import gateway_pb2 as gw
 from vigil.grader.v1 import grader_pb2 as gr
 
@@ -79,6 +89,10 @@ def audited(tmp_path_factory: pytest.TempPathFactory, benchmark_root: Path) -> I
         wait_graded(grader_stub(grader.address), [run.run_id])
         yield Audited(stack, gateway, grader, run.run_id, run.model_name, dead_address, empty)
     finally:
+        # Graders first: a gateway with a follower's stream open waits out its stop grace.
+        for name in ("empty", "grader"):
+            if name in stack.procs:
+                stack.stop(name)
         stack.close()
 
 
@@ -111,11 +125,16 @@ def service_errors(at: AppTest) -> list[str]:
 
 
 def latest_accuracy(audited: Audited) -> float:
-    values = grader_stub(audited.grader.address).QueryMetrics(
-        gr.QueryMetricsRequest(latest_only=True, task="all", format="all", group_axis="",
-                               metrics=["accuracy"]),  # fmt: skip
-        timeout=10,
-    ).values
+    values = (
+        grader_stub(audited.grader.address)
+        .QueryMetrics(
+            gr.QueryMetricsRequest(
+                latest_only=True, task="all", format="all", group_axis="", metrics=["accuracy"]
+            ),  # fmt: skip
+            timeout=10,
+        )
+        .values
+    )
     mine = [v for v in values if v.run_id == audited.run_id]
     assert len(mine) == 1, values
     return mine[0].value
@@ -216,8 +235,6 @@ def test_settings_travel_as_environment(monkeypatch: pytest.MonkeyPatch) -> None
 def test_serve_refuses_port_zero() -> None:
     from cli.common import UsageError
     from dashboard.main import _run, add_serve_dashboard_command
-
-    import argparse
 
     parser = argparse.ArgumentParser()
     add_serve_dashboard_command(parser.add_subparsers())
@@ -334,18 +351,26 @@ def test_task_table_orders_pooled_first() -> None:
 
 
 def test_reliability_bins_and_trend_points() -> None:
+    # As the grader sends them: integer percents 10b..10b+9, the top bin 90..100.
     bins = pd.DataFrame(
         {
-            "lower_percent": [0, 90], "upper_percent": [10, 100], "count": [0, 7],
-            "mean_confidence": [math.nan, 0.95], "accuracy": [math.nan, 0.5],
+            "lower_percent": [10 * b for b in range(10)],
+            "upper_percent": [10 * b + 9 for b in range(9)] + [100],
+            "count": [0] * 9 + [7],
+            "mean_confidence": [math.nan] * 9 + [0.95],
+            "accuracy": [math.nan] * 9 + [0.5],
         }
-    )  # fmt: skip
-    prepared = views.reliability_bins(bins)
-    assert list(prepared["bin"]) == ["0-10%", "90-100%"]
-    assert list(prepared["count_text"]) == ["n=0", "n=7"]
-    assert list(prepared["label_y"]) == [0.0, 0.5]
-    assert prepared["bin_mid"].tolist() == [0.05, 0.95]
-    assert views.reliability_table(bins)["Accuracy"].tolist() == ["n/a", "0.500"]
+    )
+    prepared = views.reliability_bins(bins.iloc[::-1])
+    assert list(prepared["bin"])[:2] == ["0-9%", "10-19%"]
+    assert list(prepared["bin"])[-1] == "90-100%"
+    # The bars tile the axis: each runs to the next bin's lower edge.
+    assert prepared["bin_lower"].tolist()[1:] == prepared["bin_upper"].tolist()[:-1]
+    assert prepared["bin_upper"].iloc[-1] == 1.0
+    assert prepared["bin_mid"].iloc[0] == pytest.approx(0.05)
+    assert list(prepared["count_text"])[-2:] == ["n=0", "n=7"]
+    assert list(prepared["label_y"])[-2:] == [0.0, 0.5]
+    assert views.reliability_table(bins)["Accuracy"].tolist()[-2:] == ["n/a", "0.500"]
 
     points = pd.DataFrame(
         {
@@ -359,6 +384,7 @@ def test_reliability_bins_and_trend_points() -> None:
     assert list(shown["run_id"]) == ["b"]
     assert list(shown["figure"]) == ["0.300 [0.20, 0.40]"]
     assert list(shown["status"]) == ["final"]
+    assert list(shown["started"]) == ["2025-01-02 00:00 UTC"]
 
 
 def test_metric_caption_explains_every_headline_metric() -> None:
