@@ -50,8 +50,11 @@ def _metric_columns() -> dict[str, ColumnConfig]:
 
 def header(
     settings: DashboardSettings, grader: client.Conn, gateway: client.Conn
-) -> tuple[bool, bool]:
-    """Title, refresh and each service's status. Returns whether grader and gateway answer."""
+) -> tuple[bool, pd.DataFrame | None]:
+    """Title, refresh and each service's status.
+
+    Returns whether the grader answers, and the gateway's endpoints (None when it does not).
+    """
     left, right = st.columns([5, 1], vertical_alignment="bottom")
     left.title("Vigil: model oversight")
     left.caption(
@@ -100,7 +103,7 @@ def header(
         )
     else:
         w_col.markdown(f":red[●] **Gateway** `{settings.gateway_address}`: not reachable.")
-    return grader_up, endpoints is not None
+    return grader_up, endpoints
 
 
 def fleet_section(fleet: client.Fleet) -> None:
@@ -225,9 +228,8 @@ def alerts_section(grader: client.Conn) -> None:
     st.dataframe(views.alerts_table(alerts), hide_index=True, key="alerts_table")
 
 
-def gateway_section(gateway: client.Conn) -> None:
+def gateway_section(gateway: client.Conn, endpoints: pd.DataFrame) -> None:
     st.header("Deployments")
-    endpoints = client.endpoints(gateway)
     if endpoints.empty:
         st.info("No endpoints registered at the gateway yet.")
     else:
@@ -296,14 +298,14 @@ def main() -> None:
         client.connect(client.GRADER, settings.grader_address, settings.rpc_timeout_s) as grader,
         client.connect(client.GATEWAY, settings.gateway_address, settings.rpc_timeout_s) as gw,
     ):
-        grader_up, gateway_up = header(settings, grader, gw)
+        grader_up, endpoints = header(settings, grader, gw)
         st.divider()
         if grader_up:
             grader_sections(grader)
             st.divider()
-        if gateway_up:
-            with guarded("Endpoints and runs"):
-                gateway_section(gw)
+        if endpoints is not None:
+            with guarded("Recent runs"):
+                gateway_section(gw, endpoints)
 
 
 if __name__ == "__main__":
