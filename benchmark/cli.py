@@ -1,7 +1,7 @@
 """``vigil benchmark``: build, validate and list benchmarks.
 
 :func:`add_benchmark_commands` adds the command group to the ``vigil`` parser. Each command sets
-``func`` on the parsed arguments; ``args.func(args)`` runs it and returns the exit code:
+``handler`` on the parsed arguments; ``args.handler(args)`` runs it and returns the exit code:
 0 success, 1 the benchmark is invalid or the work failed, 2 a usage mistake (unknown suite, size or
 benchmark). User mistakes print one line to stderr, never a traceback.
 """
@@ -152,7 +152,7 @@ def add_benchmark_commands(subparsers: argparse._SubParsersAction) -> argparse.A
         "--force", action="store_true", help="rebuild even if a build of this size and seed exists"
     )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
-    build.set_defaults(func=cmd_build)
+    build.set_defaults(handler=cmd_build)
 
     validate = commands.add_parser(
         "validate",
@@ -162,11 +162,11 @@ def add_benchmark_commands(subparsers: argparse._SubParsersAction) -> argparse.A
     )
     validate.add_argument("path", help="benchmark folder, or an id or name under --root")
     validate.add_argument("--root", type=Path, default=None, help=root_help)
-    validate.set_defaults(func=cmd_validate)
+    validate.set_defaults(handler=cmd_validate)
 
     listing = commands.add_parser("list", help="list stored benchmarks")
     listing.add_argument("--root", type=Path, default=None, help=root_help)
-    listing.set_defaults(func=cmd_list)
+    listing.set_defaults(handler=cmd_list)
     return parser
 
 
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_benchmark_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        return int(args.handler(args))
     except KeyboardInterrupt:
         _error("interrupted")
         return 130

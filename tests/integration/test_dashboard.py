@@ -125,16 +125,10 @@ def service_errors(at: AppTest) -> list[str]:
 
 
 def latest_accuracy(audited: Audited) -> float:
-    values = (
-        grader_stub(audited.grader.address)
-        .QueryMetrics(
-            gr.QueryMetricsRequest(
-                latest_only=True, task="all", format="all", group_axis="", metrics=["accuracy"]
-            ),  # fmt: skip
-            timeout=10,
-        )
-        .values
+    request = gr.QueryMetricsRequest(
+        latest_only=True, task="all", format="all", group_axis="", metrics=["accuracy"]
     )
+    values = grader_stub(audited.grader.address).QueryMetrics(request, timeout=10).values
     mine = [v for v in values if v.run_id == audited.run_id]
     assert len(mine) == 1, values
     return mine[0].value

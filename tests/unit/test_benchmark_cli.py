@@ -89,6 +89,6 @@ def test_commands_plug_into_another_parser():
     parser = argparse.ArgumentParser(prog="vigil")
     add_benchmark_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["benchmark", "list", "--root", "x"])
-    assert callable(args.func)
+    assert callable(args.handler)
     args = parser.parse_args(["benchmark", "build", "brain-mri", "--size", "paper", "--seed", "3"])
     assert (args.suite, args.size, args.seed) == ("brain-mri", "paper", 3)

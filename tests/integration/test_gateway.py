@@ -1,0 +1,165 @@
+"""The gateway against a real model server: runs, watch, cancel, the schedule, the stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tests.stack import Stack, gateway_stub, register, wait_run
+from vigil.gateway.v1 import gateway_pb2 as gw
+
+TERMINAL = (gw.RUN_STATE_SUCCEEDED, gw.RUN_STATE_FAILED, gw.RUN_STATE_CANCELLED)
+
+
+def test_watch_cancel_stream_and_metrics(stack: Stack, small_benchmark) -> None:
+    bench = small_benchmark
+    model = stack.start_model("slow", "random", ["--latency-ms", "10"])
+    proc = stack.start_gateway()
+    gateway = gateway_stub(proc.address)
+    register(gateway, "slow", model.address, concurrency=2)
+
+    # Health and reflection.
+    with grpc.insecure_channel(proc.address) as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="vigil.gateway.v1.GatewayService"), timeout=5
+        )
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        names = {s.name for r in replies for s in r.list_services_response.service}
+        assert "vigil.gateway.v1.GatewayService" in names
+
+    # A follower started before the run sees its entries arrive, in order.
+    seen: list[int] = []
+    follower = gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0, follow=True))
+
+    def follow() -> None:
+        try:
+            for entry in follower:
+                seen.append(
+                    entry.response.seq if entry.HasField("response") else -entry.run_event.seq
+                )
+        except grpc.RpcError:
+            pass
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+
+    run = gateway.StartRun(
+        gw.StartRunRequest(endpoint_name="slow", benchmark=bench.id), timeout=30
+    ).run
+    assert run.state in (gw.RUN_STATE_PENDING, gw.RUN_STATE_RUNNING)
+    assert run.item_count == bench.meta.item_count and run.model_name == "random-baseline"
+    watched = []
+    cancelled = None
+    for update in gateway.WatchRun(gw.WatchRunRequest(run_id=run.run_id), timeout=60):
+        watched.append(update.run.completed_count)
+        if update.run.state in TERMINAL:
+            break
+        if update.run.completed_count >= 20 and not cancelled:
+            cancelled = gateway.CancelRun(gw.CancelRunRequest(run_id=run.run_id), timeout=30).run
+            assert cancelled.state == gw.RUN_STATE_CANCELLED
+    assert watched == sorted(watched) and watched[-1] < bench.meta.item_count
+    final = gateway.GetRun(gw.GetRunRequest(run_id=run.run_id), timeout=10).run
+    assert final.state == gw.RUN_STATE_CANCELLED and final.end_time.seconds > 0
+    try:
+        gateway.CancelRun(gw.CancelRunRequest(run_id=run.run_id), timeout=10)
+        raise AssertionError("cancelling an ended run must fail")
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    deadline = time.monotonic() + 10
+    while not any(s < 0 for s in seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    follower.cancel()
+    thread.join(5)
+    positions = [abs(s) for s in seen]
+    assert positions == list(range(1, len(positions) + 1))
+    assert seen[-1] < 0 and len(seen) == final.completed_count + 1
+
+    # StreamResponses(after_seq) resumes from a position.
+    tail = list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=10), timeout=10))
+    assert [e.response.seq for e in tail[:3]] == [11, 12, 13]
+
+    metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{proc.ports['metrics_port']}/metrics", timeout=10)
+        .read()
+        .decode()
+    )
+    assert 'vigil_gateway_requests_total{endpoint="slow",outcome="ok"}' in metrics
+    assert "vigil_gateway_request_latency_seconds_bucket" in metrics
+    assert 'vigil_gateway_runs_finished_total{endpoint="slow",state="cancelled"} 1.0' in metrics
+
+
+def test_interval_schedule_starts_runs(stack: Stack, small_benchmark) -> None:
+    model = stack.start_model("random", "random")
+    proc = stack.start_gateway()
+    gateway = gateway_stub(proc.address)
+    gateway.RegisterEndpoint(
+        gw.RegisterEndpointRequest(
+            endpoint=gw.Endpoint(
+                name="scheduled", address=model.address, protocol=gw.PROTOCOL_VIGIL,
+                schedule_interval=Duration(seconds=3), schedule_benchmark=small_benchmark.id,
+                max_concurrency=8,
+            )
+        ),
+        timeout=10,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        runs = gateway.ListRuns(gw.ListRunsRequest(endpoint_name="scheduled"), timeout=10).runs
+        if len(runs) >= 2:
+            break
+        assert time.monotonic() < deadline, f"{len(runs)} scheduled runs after 60 s"
+        time.sleep(0.2)
+    first, second = sorted(runs, key=lambda r: r.create_time.ToNanoseconds())[:2]
+    assert first.trigger == second.trigger == "schedule"
+    assert second.create_time.ToNanoseconds() - first.create_time.ToNanoseconds() >= 3e9
+    assert wait_run(gateway, first.run_id).state == gw.RUN_STATE_SUCCEEDED
+
+    # A schedule needs a benchmark that exists.
+    try:
+        gateway.RegisterEndpoint(
+            gw.RegisterEndpointRequest(
+                endpoint=gw.Endpoint(
+                    name="bad", address=model.address, schedule_interval=Duration(seconds=3),
+                    schedule_benchmark="no-such-benchmark",
+                )
+            ),
+            timeout=10,
+        )  # fmt: skip
+        raise AssertionError("expected NOT_FOUND")
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.NOT_FOUND and "no-such-benchmark" in exc.details()
+
+
+def test_model_server_dying_mid_run_records_errors_and_fails_the_run(
+    stack: Stack, small_benchmark
+) -> None:
+    model = stack.start_model("dying", "random", ["--latency-ms", "10"])
+    proc = stack.start_gateway(extra=["--request-timeout-s", "2"])
+    gateway = gateway_stub(proc.address)
+    register(gateway, "dying", model.address, concurrency=2)
+    run = gateway.StartRun(
+        gw.StartRunRequest(endpoint_name="dying", benchmark=small_benchmark.id), timeout=30
+    ).run
+    while gateway.GetRun(gw.GetRunRequest(run_id=run.run_id), timeout=10).run.completed_count < 10:
+        time.sleep(0.02)
+    stack.stop("dying")
+    ended = wait_run(gateway, run.run_id, timeout_s=120)
+    assert ended.state == gw.RUN_STATE_FAILED
+    assert "in a row failed" in ended.error_message
+    assert ended.error_count >= 25
+    log = list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0), timeout=10))
+    outcomes = {e.response.outcome for e in log if e.HasField("response")}
+    assert gw.OUTCOME_OK in outcomes and (
+        gw.OUTCOME_TRANSPORT_ERROR in outcomes or gw.OUTCOME_TIMEOUT in outcomes
+    )
