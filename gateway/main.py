@@ -57,6 +57,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         await stop.wait()
     finally:
         log.info("gateway stopping")
+        await servicer.stop_streams()
         await graceful_stop(running)
         await runs.shutdown()
         metrics_server.shutdown()

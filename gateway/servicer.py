@@ -20,6 +20,12 @@ POLL_S = 1.0
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, runs: RunManager) -> None:
         self.runs = runs
+        self.stopping = False
+
+    async def stop_streams(self) -> None:
+        """End WatchRun and following StreamResponses calls so that a stop need not wait."""
+        self.stopping = True
+        await self.runs.recorder.notify()
 
     async def RegisterEndpoint(
         self, request: pb.RegisterEndpointRequest, context: grpc.aio.ServicerContext
@@ -73,7 +79,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             if key != last:
                 last = key
                 yield pb.WatchRunResponse(run=convert.run_to_pb(run))
-            if run.state.terminal:
+            if run.state.terminal or self.stopping:
                 return
             async with changed:
                 try:
@@ -98,7 +104,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 after = entry.seq
             if len(entries) == STREAM_BATCH:
                 continue
-            if not request.follow:
+            if not request.follow or self.stopping:
                 return
             async with changed:
                 if store.last_seq > after:
