@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from gateway.domain import LogEntry, Run
@@ -11,7 +12,8 @@ from gateway.store import GatewayStore
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 512
+MAX_BATCH = 1024
+LINGER_S = 0.01
 
 
 @dataclass
@@ -67,13 +69,20 @@ class Recorder:
     async def _loop(self) -> None:
         while True:
             batch = [await self.queue.get()]
-            while len(batch) < MAX_BATCH and not self.queue.empty():
+            # Group commit: linger briefly so that one transaction carries many responses.
+            deadline = time.monotonic() + LINGER_S
+            while len(batch) < MAX_BATCH:
+                if self.queue.empty():
+                    if time.monotonic() >= deadline or batch[-1].done is not None:
+                        break
+                    await asyncio.sleep(LINGER_S / 5)
+                    continue
                 batch.append(self.queue.get_nowait())
             entries = [p.entry for p in batch if p.entry is not None]
             updates = [p.run_update for p in batch if p.run_update is not None]
             try:
                 if entries or updates:
-                    self.store.append(entries, updates)
+                    await asyncio.to_thread(self.store.append, entries, updates)
             except Exception as exc:  # noqa: BLE001 - surfaced to every waiter
                 log.exception("cannot commit %d log entries", len(entries))
                 self.error = exc

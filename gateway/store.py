@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from gateway.domain import Endpoint, LogEntry, Outcome, ResponseEntry, Run, RunEndEntry, RunState
 
@@ -81,6 +82,15 @@ RESPONSE_COLUMNS = [
     "request_id", "start_time", "latency_s", "attempt_count", "outcome", "raw_text",
     "error_message", "vigil_version",
 ]  # fmt: skip
+
+
+RESPONSE_TYPES = {
+    name: pa.int64() if name == "seq" else pa.string() for name in RESPONSE_COLUMNS
+} | {
+    "start_time": pa.timestamp("us", tz="UTC"),
+    "latency_s": pa.float64(),
+    "attempt_count": pa.int32(),
+}
 
 
 def _ts(value: datetime | None) -> str | None:
@@ -155,6 +165,9 @@ class GatewayStore:
         self.con = duckdb.connect(str(path))
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute(SCHEMA)
+        # The log's single writer commits on its own cursor, off the event loop (see Recorder).
+        self.writer = self.con.cursor()
+        self.writer.execute("SET TimeZone = 'UTC'")
         row = self.con.execute(
             "SELECT greatest((SELECT coalesce(max(seq), 0) FROM responses),"
             " (SELECT coalesce(max(seq), 0) FROM run_events))"
@@ -162,6 +175,7 @@ class GatewayStore:
         self.last_seq: int = int(row[0]) if row else 0
 
     def close(self) -> None:
+        self.writer.close()
         self.con.close()
 
     # Endpoints -------------------------------------------------------------------------------
@@ -214,8 +228,8 @@ class GatewayStore:
             ],
         )  # fmt: skip
 
-    def update_run(self, run: Run) -> None:
-        self.con.execute(
+    def update_run(self, run: Run, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        (con or self.con).execute(
             "UPDATE runs SET state = ?, error_message = ?, model_name = ?, model_version = ?,"
             " start_time = ?, end_time = ? WHERE run_id = ?",
             [
@@ -283,61 +297,47 @@ class GatewayStore:
     # The log ---------------------------------------------------------------------------------
 
     def append(self, entries: Sequence[LogEntry], run_updates: Sequence[Run] = ()) -> list[int]:
-        """Append entries in one transaction, assigning consecutive sequence numbers."""
+        """Append entries in one transaction, assigning consecutive sequence numbers.
+
+        Runs on the writer cursor; the Recorder calls it from a worker thread, one call at a time.
+        """
         seqs: list[int] = []
-        responses: list[dict[str, object]] = []
+        columns: dict[str, list[object]] = {name: [] for name in RESPONSE_COLUMNS}
         events: list[tuple[int, str, str]] = []
         seq = self.last_seq
         for entry in entries:
             seq += 1
             seqs.append(seq)
             if isinstance(entry, ResponseEntry):
-                responses.append(
-                    {
-                        "seq": seq,
-                        "run_id": entry.run_id,
-                        "benchmark_id": entry.benchmark_id,
-                        "benchmark_hash": entry.benchmark_hash,
-                        "item_id": entry.item_id,
-                        "format": entry.format,
-                        "phrasing": entry.phrasing,
-                        "option_order": entry.option_order,
-                        "image_mode": entry.image_mode,
-                        "endpoint_name": entry.endpoint_name,
-                        "protocol": entry.protocol,
-                        "model_name": entry.model_name,
-                        "model_version": entry.model_version,
-                        "request_id": entry.request_id,
-                        "start_time": entry.start_time,
-                        "latency_s": entry.latency_s,
-                        "attempt_count": entry.attempt_count,
-                        "outcome": entry.outcome.value,
-                        "raw_text": entry.raw_text,
-                        "error_message": entry.error_message,
-                        "vigil_version": entry.vigil_version,
-                    }
-                )
+                for name in RESPONSE_COLUMNS:
+                    columns[name].append(seq if name == "seq" else getattr(entry, name))
             else:
                 events.append((seq, entry.run.run_id, run_to_json(entry.run)))
-        self.con.execute("BEGIN TRANSACTION")
+        con = self.writer
+        con.execute("BEGIN TRANSACTION")
         try:
-            if responses:
-                batch = pd.DataFrame(responses, columns=RESPONSE_COLUMNS)
-                batch["start_time"] = pd.to_datetime(batch["start_time"], utc=True)
-                self.con.register("vigil_batch", batch)
+            if columns["seq"]:
+                columns["outcome"] = [o.value for o in columns["outcome"]]  # type: ignore[attr-defined]
+                batch = pa.table(
+                    {
+                        name: pa.array(values, type=RESPONSE_TYPES[name])
+                        for name, values in columns.items()
+                    }
+                )
+                con.register("vigil_batch", batch)
                 try:
-                    self.con.execute(
+                    con.execute(
                         f"INSERT INTO responses SELECT {', '.join(RESPONSE_COLUMNS)} FROM vigil_batch"
                     )
                 finally:
-                    self.con.unregister("vigil_batch")
+                    con.unregister("vigil_batch")
             if events:
-                self.con.executemany("INSERT INTO run_events VALUES (?, ?, ?)", events)
+                con.executemany("INSERT INTO run_events VALUES (?, ?, ?)", events)
             for run in run_updates:
-                self.update_run(run)
-            self.con.execute("COMMIT")
+                self.update_run(run, con)
+            con.execute("COMMIT")
         except Exception:
-            self.con.execute("ROLLBACK")
+            con.execute("ROLLBACK")
             raise
         self.last_seq = seq
         return seqs
