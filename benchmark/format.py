@@ -9,6 +9,11 @@ A benchmark is an immutable folder ``ROOT/<name>-<content_hash[:12]>/`` holding
 - ``benchmark.json``: metadata (:data:`FORMAT_VERSION`, name, suite, size, seed, content hash,
   counts). It is not part of the hash.
 
+Format version 2 added the columns ``hierarchy``, ``laterality``, ``supported_findings``,
+``split``, ``image_missing`` and ``expect_abstain`` and the ``open`` item format. Version 1 folders
+stay readable: :func:`fill_defaults` gives their rows the defaults of :data:`COLUMN_DEFAULTS`, and
+their content hash is computed over the version 1 columns (:func:`content_hash` with ``version=1``).
+
 The content hash is the sha256 of a canonical serialization (:func:`content_hash`): the manifest
 rows sorted by ``item_id`` as JSON lines with sorted keys (floats by ``repr``, NaN as ``null``),
 then, for each image path in sorted order, the path and the sha256 of its bytes.
@@ -30,7 +35,9 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2)
+"""Format versions this code reads; it writes :data:`FORMAT_VERSION`."""
 MANIFEST_FILE = "manifest.parquet"
 META_FILE = "benchmark.json"
 IMAGES_DIR = "images"
@@ -58,6 +65,13 @@ MANIFEST_SCHEMA = pa.schema(
         pa.field("sequence", pa.string()),
         pa.field("depth", pa.float64()),
         pa.field("tumor_voxels", pa.int64()),
+        # Added in format version 2.
+        pa.field("hierarchy", pa.string()),
+        pa.field("laterality", pa.string()),
+        pa.field("supported_findings", pa.list_(pa.string())),
+        pa.field("split", pa.string()),
+        pa.field("image_missing", pa.bool_()),
+        pa.field("expect_abstain", pa.bool_()),
     ]
 )
 """The manifest columns, in the order they are written, with their exact arrow types."""
@@ -66,18 +80,66 @@ COLUMNS: tuple[str, ...] = tuple(MANIFEST_SCHEMA.names)
 STRING_COLUMNS: tuple[str, ...] = tuple(
     f.name for f in MANIFEST_SCHEMA if pa.types.is_string(f.type)
 )
+LIST_COLUMNS: tuple[str, ...] = ("options", "supported_findings")
+BOOL_COLUMNS: tuple[str, ...] = ("is_control", "image_missing", "expect_abstain")
 
-# Registries that later issues extend (laterality, open-ended items, other phrasings).
+V1_COLUMNS: tuple[str, ...] = COLUMNS[: COLUMNS.index("tumor_voxels") + 1]
+"""The columns of a format version 1 manifest."""
+
+COLUMN_DEFAULTS: dict[str, Any] = {
+    "hierarchy": "",
+    "laterality": "",
+    "supported_findings": (),
+    "split": "audit",
+    "image_missing": False,
+    "expect_abstain": False,
+}
+"""Values of the version 2 columns for rows of a version 1 manifest (and for
+:func:`fill_defaults`). ``supported_findings`` is an empty list."""
+
+HIERARCHY: tuple[str, ...] = ("low", "mid", "high", "")
+"""MedRCube task levels: low (modality, view, protocol), mid (organ, region), high (abnormality,
+diagnosis, severity); "" for an item outside the hierarchy (the abstention prompt)."""
+
+LATERALITIES: tuple[str, ...] = ("left", "right", "bilateral", "none", "")
+"""Which side of the subject a lesion is on in the item's image ("none": no visible lesion);
+"" where laterality does not apply (controls, non-brain images)."""
+
+SPLITS: tuple[str, ...] = ("audit", "train")
+"""Subject-level split: the gateway replays "audit" items; a reference model trains on "train"."""
+
+FINDINGS: tuple[str, ...] = (
+    "tumor",
+    "lesion",
+    "edema",
+    "enhancement",
+    "necrosis",
+    "mass_effect",
+    "laterality_left",
+    "laterality_right",
+    "laterality_bilateral",
+)
+"""Canonical findings an item's label can support. An open-ended answer asserting a finding
+outside the item's ``supported_findings`` is a hallucination."""
+
+UNSURE = "UNSURE"
+"""The ``answer`` of an item whose right behaviour is to abstain (``expect_abstain``)."""
+
 TASKS: dict[str, str] = {
     "sequence": "MRI sequence (contrast weighting) of the slice",
     "plane": "anatomical plane the slice was cut in",
     "is_brain": "whether the image is a brain MRI",
     "tumor_visible": "whether a tumor is visible in the slice",
+    "laterality": "which side of the brain a visible lesion is on",
+    "abstention": "a question the image cannot answer; the right reply is UNSURE",
 }
 """Known tasks and what each asks. Validation accepts any non-empty task name; this is the list
 the prompts and the grader know how to phrase and score."""
 
-FORMATS: dict[str, str] = {"mc": "multiple choice: options lettered A, B, C... in presented order"}
+FORMATS: dict[str, str] = {
+    "mc": "multiple choice: options lettered A, B, C... in presented order",
+    "open": "open-ended: options hold the task's answer space (canonical labels), no letters",
+}
 """Item formats the validator knows how to check."""
 
 OPTION_SEPARATOR = "|"
@@ -193,12 +255,43 @@ def canonical_rows(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return [line for _, line in lines]
 
 
-def content_hash(table: pa.Table, image_digests: Mapping[str, str]) -> str:
-    """The content hash of a manifest table (already cast to :data:`MANIFEST_SCHEMA`) and the
-    sha256 hex digests of its images keyed by relative path."""
+def columns_for(version: int) -> tuple[str, ...]:
+    """The manifest columns of a format version."""
+    return V1_COLUMNS if version == 1 else COLUMNS
+
+
+def schema_for(version: int) -> pa.Schema:
+    """The manifest schema of a format version."""
+    return pa.schema([MANIFEST_SCHEMA.field(name) for name in columns_for(version)])
+
+
+def fill_defaults(frame: Any) -> Any:
+    """Add the version 2 columns a manifest DataFrame lacks, with :data:`COLUMN_DEFAULTS`, in place
+    (a version 1 manifest, or a builder that leaves them out); returns the frame."""
+    n = len(frame)
+    for name, default in COLUMN_DEFAULTS.items():
+        if name in frame.columns:
+            continue
+        if isinstance(default, tuple):
+            column = np.empty(n, dtype=object)
+            column[:] = [list(default) for _ in range(n)]
+        elif isinstance(default, bool):
+            column = np.full(n, default, dtype=bool)
+        else:
+            column = np.full(n, default, dtype=object)
+        frame[name] = column
+    return frame
+
+
+def content_hash(
+    table: pa.Table, image_digests: Mapping[str, str], version: int = FORMAT_VERSION
+) -> str:
+    """The content hash of a manifest table (already cast to :data:`MANIFEST_SCHEMA`, or to the
+    version 1 schema for ``version=1``) and the sha256 hex digests of its images keyed by relative
+    path."""
     h = hashlib.sha256()
-    h.update(f"vigil-benchmark-v{FORMAT_VERSION}\n".encode())
-    for line in canonical_rows(table.select(list(COLUMNS)).to_pylist()):
+    h.update(f"vigil-benchmark-v{version}\n".encode())
+    for line in canonical_rows(table.select(list(columns_for(version))).to_pylist()):
         h.update(line.encode("utf-8"))
         h.update(b"\n")
     h.update(b"--images--\n")

@@ -35,6 +35,8 @@ class Endpoint:
     max_concurrency: int = 0
     request_timeout_s: float = 0.0
     create_time: datetime | None = None
+    model_name: str = ""
+    model_version: str = ""
 
 
 @dataclass

@@ -4,23 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.adapters.base import AdapterError, ModelAdapter, ModelIdentity, ModelReply
+from gateway.adapters.base import (
+    AdapterError,
+    AdapterTarget,
+    ModelAdapter,
+    ModelIdentity,
+    ModelReply,
+)
 from gateway.adapters.vigil_grpc import VigilAdapter
 from rpc.errors import InvalidArgument
 
-ADAPTERS: dict[str, Callable[[str], ModelAdapter]] = {
+ADAPTERS: dict[str, Callable[[AdapterTarget], ModelAdapter]] = {
     "vigil": VigilAdapter,
 }
 
 
-def create_adapter(protocol: str, address: str) -> ModelAdapter:
+def create_adapter(protocol: str, target: AdapterTarget) -> ModelAdapter:
     """The adapter for ``protocol``; an unknown protocol is the caller's mistake."""
     try:
         factory = ADAPTERS[protocol]
     except KeyError:
         known = ", ".join(sorted(ADAPTERS))
         raise InvalidArgument(f"unknown protocol {protocol!r}; known: {known}") from None
-    return factory(address)
+    return factory(target)
 
 
 __all__ = [

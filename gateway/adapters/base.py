@@ -7,12 +7,22 @@ from typing import Protocol
 
 
 @dataclass(frozen=True)
+class AdapterTarget:
+    """Where an adapter sends requests: the server, and the model on it when it serves several."""
+
+    address: str
+    model_name: str = ""
+    model_version: str = ""
+
+
+@dataclass(frozen=True)
 class ModelIdentity:
     """What the endpoint says it serves."""
 
     model_name: str
     model_version: str
     ready: bool
+    config_digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,7 @@ class ModelReply:
     text: str
     model_name: str
     model_version: str
+    config_digest: str = ""
 
 
 class AdapterError(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from gateway.adapters.base import AdapterError, ModelIdentity, ModelReply
+from gateway.adapters.base import AdapterError, AdapterTarget, ModelIdentity, ModelReply
 from rpc.client import aio_channel
 from rpc.errors import RETRYABLE_CODES
 from vigil.model.v1 import model_pb2, model_pb2_grpc
@@ -24,9 +24,9 @@ class VigilAdapter:
 
     protocol = "vigil"
 
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self._channel = aio_channel(address)
+    def __init__(self, target: AdapterTarget) -> None:
+        self.address = target.address
+        self._channel = aio_channel(target.address)
         self._stub = model_pb2_grpc.ModelServiceStub(self._channel)
 
     async def describe(self, timeout_s: float) -> ModelIdentity:
