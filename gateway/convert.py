@@ -56,6 +56,8 @@ def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
         schedule_benchmark=msg.schedule_benchmark,
         max_concurrency=msg.max_concurrency,
         request_timeout_s=msg.request_timeout.ToNanoseconds() / 1e9,
+        model_name=msg.model_name.strip(),
+        model_version=msg.model_version.strip(),
     )
 
 
@@ -69,6 +71,8 @@ def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
         max_concurrency=ep.max_concurrency,
         request_timeout=duration(ep.request_timeout_s),
         create_time=timestamp(ep.create_time),
+        model_name=ep.model_name,
+        model_version=ep.model_version,
     )
 
 
@@ -89,6 +93,7 @@ def run_to_pb(run: Run) -> pb.Run:
         create_time=timestamp(run.create_time),
         start_time=timestamp(run.start_time),
         end_time=timestamp(run.end_time),
+        image_mode=run.image_mode,
     )
 
 
@@ -122,5 +127,6 @@ def entry_to_pb(entry: ResponseEntry | RunEndEntry) -> pb.StreamResponsesRespons
             raw_text=entry.raw_text,
             error_message=entry.error_message,
             vigil_version=entry.vigil_version,
+            model_config_digest=entry.model_config_digest,
         )
     )

@@ -57,6 +57,7 @@ class Run:
     model_version: str = ""
     start_time: datetime | None = None
     end_time: datetime | None = None
+    image_mode: str = "image"
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class ResponseEntry:
     raw_text: str
     error_message: str
     vigil_version: str
+    model_config_digest: str = ""
+    # Earlier attempts that failed and were retried: (attempt, start, latency_s, outcome, error).
+    failed_attempts: tuple[tuple[int, datetime, float, str, str], ...] = ()
     seq: int = 0
 
 

@@ -73,6 +73,11 @@ def add_serve_gateway_command(serve: argparse._SubParsersAction) -> None:  # typ
     p.add_argument("--benchmark-root", type=Path, help="benchmark folders (default var/benchmarks)")
     p.add_argument("--max-concurrency", type=int, help="requests in flight per endpoint")
     p.add_argument("--request-timeout-s", type=float, help="deadline per model request")
+    p.add_argument("--max-attempts", type=int, help="attempts per item on UNAVAILABLE (default 3)")
+    p.add_argument(
+        "--max-pause-s", type=float, help="how long a run waits for its endpoint (default 300)"
+    )
+    p.add_argument("--error-budget", type=float, help="share of failed items that fails a run")
     p.add_argument("--ready-file", type=Path, help="write the bound ports here as JSON")
     p.set_defaults(handler=_run)
 

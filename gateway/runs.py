@@ -9,20 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 
+from benchmark import format as bench_format
 from benchmark.errors import BenchmarkInvalid
 from benchmark.store import Benchmark, open_benchmark
 from benchmark.validate import validate_benchmark
 from cli.version import VIGIL_VERSION
-from gateway.adapters import AdapterError, ModelAdapter, ModelIdentity, create_adapter
+from gateway.adapters import (
+    ADAPTERS,
+    AdapterError,
+    AdapterTarget,
+    ModelAdapter,
+    ModelIdentity,
+    create_adapter,
+)
 from gateway.domain import Endpoint, Outcome, ResponseEntry, Run, RunEndEntry, RunState
 from gateway.metrics import GatewayMetrics
 from gateway.recorder import Recorder
@@ -41,10 +50,55 @@ ITEM_COLUMNS = [
     "phrasing",
     "option_order",
 ]
+# Selection columns of newer benchmark formats: train items are never replayed, and items whose
+# image is missing are only sent in text-only runs.
+SELECTION_COLUMNS = ("split", "image_missing")
+
+
+def replay_items(bench: Benchmark, text_only: bool) -> pd.DataFrame:
+    """The items a run replays, in item-id order."""
+    extra = [c for c in SELECTION_COLUMNS if c in bench_format.COLUMNS]
+    items = bench.items(columns=ITEM_COLUMNS + extra)
+    if "split" in items.columns:
+        items = items[items["split"] != "train"]
+    if "image_missing" in items.columns and not text_only:
+        items = items[~items["image_missing"].astype(bool)]
+    return items.sort_values("item_id").reset_index(drop=True)
+
+
+def target_of(ep: Endpoint) -> AdapterTarget:
+    return AdapterTarget(ep.address, ep.model_name, ep.model_version)
 
 
 class RunFailed(Exception):
     """A run cannot go on; the message says why."""
+
+
+class EndpointGate:
+    """Pauses every worker of a run while its endpoint is not ready, and resumes them together."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.open.set()
+        self._lock = asyncio.Lock()
+        self.pauses = 0
+
+    async def pause_until_ready(
+        self, is_ready: Callable[[], Awaitable[bool]], max_pause_s: float
+    ) -> None:
+        async with self._lock:
+            if await is_ready():
+                return
+            self.open.clear()
+            self.pauses += 1
+            deadline = time.monotonic() + max_pause_s
+            try:
+                while not await is_ready():
+                    if time.monotonic() > deadline:
+                        raise RunFailed(f"the endpoint was not ready for {max_pause_s:.0f} s")
+                    await asyncio.sleep(1.0)
+            finally:
+                self.open.set()
 
 
 def new_run_id(now: datetime) -> str:
@@ -104,7 +158,13 @@ class RunManager:
             raise InvalidArgument("endpoint.name is required")
         if not ep.address or ":" not in ep.address:
             raise InvalidArgument(f"endpoint.address must be host:port, got {ep.address!r}")
-        create_adapter(ep.protocol, ep.address)  # refuses an unknown protocol
+        if ep.protocol not in ADAPTERS:
+            known = ", ".join(sorted(ADAPTERS))
+            raise InvalidArgument(
+                f"endpoint.protocol {ep.protocol!r} is not supported (known: {known})"
+            )
+        if ep.protocol != "vigil" and not ep.model_name:
+            raise InvalidArgument(f"endpoint.model_name is required for protocol {ep.protocol!r}")
         if ep.schedule_interval_s < 0:
             raise InvalidArgument("endpoint.schedule_interval must not be negative")
         if ep.schedule_interval_s > 0 and not ep.schedule_benchmark:
@@ -118,11 +178,18 @@ class RunManager:
     # Lifecycle -------------------------------------------------------------------------------
 
     async def start_run(
-        self, endpoint_name: str, benchmark_ref: str, trigger: str = "manual"
+        self,
+        endpoint_name: str,
+        benchmark_ref: str,
+        trigger: str = "manual",
+        text_only: bool = False,
     ) -> Run:
         ep = self.endpoint(endpoint_name)
         bench = self.open_validated(benchmark_ref)
-        adapter = create_adapter(ep.protocol, ep.address)
+        item_count = len(replay_items(bench, text_only))
+        if item_count == 0:
+            raise InvalidArgument(f"benchmark {bench.id} has no items to replay")
+        adapter = create_adapter(ep.protocol, target_of(ep))
         try:
             identity = await self._describe(adapter, ep)
         finally:
@@ -135,9 +202,10 @@ class RunManager:
             benchmark_hash=bench.content_hash,
             benchmark_path=str(bench.path.resolve()),
             state=RunState.PENDING,
-            item_count=int(bench.meta.item_count),
+            item_count=item_count,
             trigger=trigger,
             create_time=now,
+            image_mode="text_only" if text_only else "image",
             model_name=identity.model_name,
             model_version=identity.model_version,
         )
@@ -213,10 +281,10 @@ class RunManager:
             bench = open_benchmark(Path(run.benchmark_path), self.settings.benchmark_root)
             if bench.content_hash != run.benchmark_hash:
                 raise RunFailed(f"benchmark {run.benchmark_path} changed since the run started")
-            items = bench.items(columns=ITEM_COLUMNS).sort_values("item_id")
+            items = replay_items(bench, run.image_mode == "text_only")
             done = self.store.recorded_item_ids(run.run_id)
             pending = items[~items["item_id"].isin(done)]
-            adapter = create_adapter(ep.protocol, ep.address)
+            adapter = create_adapter(ep.protocol, target_of(ep))
             identity = await self._wait_ready(adapter, ep)
             if run.state is RunState.PENDING or run.start_time is None:
                 run.start_time = datetime.now(UTC)
@@ -271,38 +339,75 @@ class RunManager:
         images: dict[str, bytes] = {}
         rows: Iterator[tuple[object, ...]] = pending.itertuples(index=False, name=None)
         completed = already
+        stored = self.store.get_run(run.run_id)
+        errors = stored.error_count if stored is not None else 0
         consecutive_errors = 0
         failure: list[str] = []
         cols = {name: i for i, name in enumerate(pending.columns)}
+        gate = EndpointGate()
+        text_only = run.image_mode == "text_only"
+
+        async def is_ready() -> bool:
+            try:
+                return (await adapter.describe(self.settings.describe_timeout_s)).ready
+            except AdapterError:
+                return False
 
         async def worker() -> None:
-            nonlocal completed, consecutive_errors
+            nonlocal completed, consecutive_errors, errors
             for row in rows:
                 if failure:
                     return
                 item_id = str(row[cols["item_id"]])
                 image_path = str(row[cols["image_path"]])
                 payload: list[tuple[bytes, str]] = []
-                if image_path:
+                if image_path and not text_only:
                     if image_path not in images:
                         images[image_path] = bench.read_image(image_path)
                     payload.append((images[image_path], str(row[cols["media_type"]])))
-                entry = await self._ask(
-                    run, ep, adapter, item_id, str(row[cols["prompt"]]), payload, timeout_s,
-                    str(row[cols["format"]]), str(row[cols["phrasing"]]), str(row[cols["option_order"]]),
-                )  # fmt: skip
+                earlier: tuple[tuple[int, datetime, float, str, str], ...] = ()
+                while True:
+                    await gate.open.wait()
+                    entry, retryable = await self._ask(
+                        run, ep, adapter, item_id, str(row[cols["prompt"]]), payload, timeout_s,
+                        str(row[cols["format"]]), str(row[cols["phrasing"]]),
+                        str(row[cols["option_order"]]), earlier,
+                    )  # fmt: skip
+                    if not retryable or await is_ready():
+                        break
+                    last = (entry.attempt_count, entry.start_time, 0.0, entry.outcome.value,
+                            entry.error_message)  # fmt: skip
+                    earlier = (*entry.failed_attempts, last)
+                    # The endpoint went away: pause the run, then ask this item again.
+                    log.warning("run %s: endpoint %s not ready; pausing", run.run_id, ep.name)
+                    try:
+                        await gate.pause_until_ready(is_ready, self.settings.max_pause_s)
+                    except RunFailed as exc:
+                        failure.append(str(exc))
+                        return
+                    log.info("run %s: endpoint %s ready again; resuming", run.run_id, ep.name)
                 self.recorder.record(entry)
                 completed += 1
                 self.metrics.run_completed.labels(ep.name).set(completed)
                 if entry.outcome is Outcome.OK:
                     consecutive_errors = 0
-                else:
-                    consecutive_errors += 1
-                    if consecutive_errors >= self.settings.max_consecutive_errors:
-                        failure.append(
-                            f"{consecutive_errors} requests in a row failed; last: {entry.error_message}"
-                        )
-                        return
+                    continue
+                consecutive_errors += 1
+                errors += 1
+                if consecutive_errors >= self.settings.max_consecutive_errors:
+                    failure.append(
+                        f"{consecutive_errors} requests in a row failed; last: {entry.error_message}"
+                    )
+                    return
+                if (
+                    completed >= self.settings.error_budget_min_items
+                    and errors / completed > self.settings.error_budget
+                ):
+                    failure.append(
+                        f"error budget exceeded: {errors} of {completed} requests failed"
+                        f" (budget {self.settings.error_budget:.0%}); last: {entry.error_message}"
+                    )
+                    return
 
         await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
         if failure:
@@ -321,23 +426,46 @@ class RunManager:
         fmt: str,
         phrasing: str,
         option_order: str,
-    ) -> ResponseEntry:
+        earlier: tuple[tuple[int, datetime, float, str, str], ...] = (),
+    ) -> tuple[ResponseEntry, bool]:
+        """Ask one item, retrying UNAVAILABLE and RESOURCE_EXHAUSTED with backoff.
+
+        Returns the entry to record and whether it failed with a retryable error.
+        """
         request_id = uuid.uuid4().hex
-        start = datetime.now(UTC)
-        t0 = time.perf_counter()
-        outcome, text, error = Outcome.OK, "", ""
+        start = earlier[0][1] if earlier else datetime.now(UTC)
+        t0 = time.perf_counter() - sum(a[2] for a in earlier)
+        outcome, text, error, digest = Outcome.OK, "", "", ""
         model_name, model_version = run.model_name, run.model_version
-        try:
-            reply = await adapter.generate(images, prompt, request_id, timeout_s)
-            text, model_name, model_version = reply.text, reply.model_name, reply.model_version
-        except AdapterError as exc:
-            outcome = Outcome.TIMEOUT if exc.timeout else Outcome.TRANSPORT_ERROR
-            error = exc.message
-            log.info("run %s item %s: %s", run.run_id, item_id, outcome.value)
+        failed = list(earlier)
+        attempt = len(earlier)
+        retryable = False
+        while True:
+            attempt += 1
+            a_start, a_t0 = datetime.now(UTC), time.perf_counter()
+            try:
+                reply = await adapter.generate(images, prompt, request_id, timeout_s)
+                text, model_name, model_version = reply.text, reply.model_name, reply.model_version
+                digest = reply.config_digest
+                outcome, error = Outcome.OK, ""
+                break
+            except AdapterError as exc:
+                outcome = Outcome.TIMEOUT if exc.timeout else Outcome.TRANSPORT_ERROR
+                error = exc.message
+                retryable = exc.retryable
+                if not exc.retryable or attempt - len(earlier) >= self.settings.max_attempts:
+                    break
+                failed.append((attempt, a_start, time.perf_counter() - a_t0, outcome.value, error))
+                delay = self.settings.retry_backoff_s * 2 ** (attempt - 1)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+        if outcome is not Outcome.OK:
+            log.info(
+                "run %s item %s: %s after %d attempts", run.run_id, item_id, outcome.value, attempt
+            )
         latency = time.perf_counter() - t0
         self.metrics.requests.labels(ep.name, outcome.value).inc()
         self.metrics.latency.labels(ep.name).observe(latency)
-        return ResponseEntry(
+        entry = ResponseEntry(
             run_id=run.run_id,
             benchmark_id=run.benchmark_id,
             benchmark_hash=run.benchmark_hash,
@@ -353,12 +481,15 @@ class RunManager:
             request_id=request_id,
             start_time=start,
             latency_s=latency,
-            attempt_count=1,
+            attempt_count=attempt,
             outcome=outcome,
             raw_text=text,
             error_message=error,
             vigil_version=VIGIL_VERSION,
+            model_config_digest=digest,
+            failed_attempts=tuple(failed),
         )
+        return entry, retryable and outcome is not Outcome.OK
 
     async def _finish(self, run: Run, state: RunState, message: str) -> None:
         run.state = state

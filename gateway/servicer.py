@@ -46,7 +46,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> pb.StartRunResponse:
         if not request.endpoint_name:
             raise InvalidArgument("endpoint_name is required")
-        run = await self.runs.start_run(request.endpoint_name, request.benchmark)
+        run = await self.runs.start_run(
+            request.endpoint_name, request.benchmark, text_only=request.text_only
+        )
         return pb.StartRunResponse(run=convert.run_to_pb(run))
 
     async def GetRun(

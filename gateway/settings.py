@@ -36,6 +36,16 @@ class GatewaySettings(BaseSettings):
     """The deadline of the DescribeModel call made before a run starts."""
     max_consecutive_errors: int = 25
     """A run fails after this many transport errors or timeouts in a row."""
+    max_attempts: int = Field(default=3, ge=1)
+    """Attempts per item when the endpoint answers UNAVAILABLE or RESOURCE_EXHAUSTED."""
+    retry_backoff_s: float = Field(default=0.2, ge=0.0)
+    """The first retry's delay; each further retry doubles it (with jitter)."""
+    max_pause_s: float = Field(default=300.0, ge=0.0)
+    """How long a run waits, paused, for its endpoint to become ready again before failing."""
+    error_budget: float = Field(default=0.2, ge=0.0, le=1.0)
+    """A run fails when more than this share of its recorded items are errors..."""
+    error_budget_min_items: int = Field(default=50, ge=1)
+    """... once at least this many items are recorded."""
     scheduler_tick_s: float = 1.0
     """How often the scheduler looks for due endpoints."""
     ready_file: Path | None = None

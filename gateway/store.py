@@ -69,6 +69,15 @@ CREATE TABLE IF NOT EXISTS responses (
     vigil_version VARCHAR NOT NULL,
     UNIQUE (run_id, item_id)
 );
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id VARCHAR NOT NULL,
+    item_id VARCHAR NOT NULL,
+    attempt INTEGER NOT NULL,
+    start_time TIMESTAMPTZ NOT NULL,
+    latency_s DOUBLE NOT NULL,
+    outcome VARCHAR NOT NULL,
+    error_message VARCHAR NOT NULL
+);
 CREATE TABLE IF NOT EXISTS run_events (
     seq BIGINT PRIMARY KEY,
     run_id VARCHAR NOT NULL,
@@ -80,9 +89,22 @@ RESPONSE_COLUMNS = [
     "seq", "run_id", "benchmark_id", "benchmark_hash", "item_id", "format", "phrasing",
     "option_order", "image_mode", "endpoint_name", "protocol", "model_name", "model_version",
     "request_id", "start_time", "latency_s", "attempt_count", "outcome", "raw_text",
-    "error_message", "vigil_version",
+    "error_message", "vigil_version", "model_config_digest",
 ]  # fmt: skip
 
+
+# Columns added after the first release; existing files gain them on open.
+ENDPOINT_COLUMNS = (
+    "name, address, protocol, schedule_interval_s, schedule_benchmark, max_concurrency,"
+    " request_timeout_s, create_time, model_name, model_version"
+)
+
+MIGRATIONS = [
+    ("endpoints", "model_name", "VARCHAR"),
+    ("endpoints", "model_version", "VARCHAR"),
+    ("runs", "image_mode", "VARCHAR"),
+    ("responses", "model_config_digest", "VARCHAR"),
+]
 
 RESPONSE_TYPES = {
     name: pa.int64() if name == "seq" else pa.string() for name in RESPONSE_COLUMNS
@@ -116,6 +138,7 @@ def run_to_json(run: Run) -> str:
             "create_time": _ts(run.create_time),
             "start_time": _ts(run.start_time),
             "end_time": _ts(run.end_time),
+            "image_mode": run.image_mode,
         },
         sort_keys=True,
     )
@@ -146,6 +169,7 @@ def run_from_json(text: str) -> Run:
         model_version=d["model_version"],
         start_time=t("start_time"),
         end_time=t("end_time"),
+        image_mode=d.get("image_mode", "image"),
     )
 
 
@@ -165,6 +189,10 @@ class GatewayStore:
         self.con = duckdb.connect(str(path))
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute(SCHEMA)
+        for table, column, kind in MIGRATIONS:
+            self.con.execute(
+                f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind} DEFAULT ''"
+            )
         # The log's single writer commits on its own cursor, off the event loop (see Recorder).
         self.writer = self.con.cursor()
         self.writer.execute("SET TimeZone = 'UTC'")
@@ -185,10 +213,11 @@ class GatewayStore:
         create_time = existing.create_time if existing else datetime.now(UTC)
         self.con.execute("DELETE FROM endpoints WHERE name = ?", [ep.name])
         self.con.execute(
-            "INSERT INTO endpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 ep.name, ep.address, ep.protocol, ep.schedule_interval_s, ep.schedule_benchmark,
-                ep.max_concurrency, ep.request_timeout_s, create_time,
+                ep.max_concurrency, ep.request_timeout_s, create_time, ep.model_name,
+                ep.model_version,
             ],
         )  # fmt: skip
         stored = self.get_endpoint(ep.name)
@@ -205,26 +234,35 @@ class GatewayStore:
             max_concurrency=int(row[5]),  # type: ignore[call-overload]
             request_timeout_s=float(row[6]),  # type: ignore[arg-type]
             create_time=_utc(row[7]),
+            model_name=str(row[8]),
+            model_version=str(row[9]),
         )
 
     def get_endpoint(self, name: str) -> Endpoint | None:
-        row = self.con.execute("SELECT * FROM endpoints WHERE name = ?", [name]).fetchone()
+        row = self.con.execute(
+            f"SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE name = ?", [name]
+        ).fetchone()
         return self._endpoint(row) if row else None
 
     def list_endpoints(self) -> list[Endpoint]:
-        rows = self.con.execute("SELECT * FROM endpoints ORDER BY name").fetchall()
+        rows = self.con.execute(
+            f"SELECT {ENDPOINT_COLUMNS} FROM endpoints ORDER BY name"
+        ).fetchall()
         return [self._endpoint(r) for r in rows]
 
     # Runs ------------------------------------------------------------------------------------
 
     def insert_run(self, run: Run) -> None:
         self.con.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs (run_id, endpoint_name, benchmark_id, benchmark_hash,"
+            " benchmark_path, state, item_count, trigger, error_message, model_name,"
+            " model_version, create_time, start_time, end_time, image_mode)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 run.run_id, run.endpoint_name, run.benchmark_id, run.benchmark_hash,
                 run.benchmark_path, run.state.value, run.item_count, run.trigger,
                 run.error_message, run.model_name, run.model_version, run.create_time,
-                run.start_time, run.end_time,
+                run.start_time, run.end_time, run.image_mode,
             ],
         )  # fmt: skip
 
@@ -244,7 +282,8 @@ class GatewayStore:
             " r.state, r.item_count, r.trigger, r.error_message, r.model_name, r.model_version,"
             " r.create_time, r.start_time, r.end_time,"
             " (SELECT count(*) FROM responses s WHERE s.run_id = r.run_id),"
-            " (SELECT count(*) FROM responses s WHERE s.run_id = r.run_id AND s.outcome != 'ok')"
+            " (SELECT count(*) FROM responses s WHERE s.run_id = r.run_id AND s.outcome != 'ok'),"
+            " r.image_mode"
             f" FROM runs r {where} ORDER BY r.create_time DESC, r.run_id DESC LIMIT {int(limit)}",
             params,
         ).fetchall()
@@ -270,6 +309,7 @@ class GatewayStore:
                     end_time=_utc(r[13]),
                     completed_count=int(r[14]),
                     error_count=int(r[15]),
+                    image_mode=str(r[16] or "image"),
                 )
             )
         return runs
@@ -290,6 +330,13 @@ class GatewayStore:
         runs = self.list_runs(endpoint_name, 1)
         return runs[0] if runs else None
 
+    def attempts(self, run_id: str) -> list[tuple[object, ...]]:
+        return self.con.execute(
+            "SELECT item_id, attempt, outcome, error_message FROM attempts WHERE run_id = ?"
+            " ORDER BY item_id, attempt",
+            [run_id],
+        ).fetchall()
+
     def recorded_item_ids(self, run_id: str) -> set[str]:
         rows = self.con.execute("SELECT item_id FROM responses WHERE run_id = ?", [run_id])
         return {r[0] for r in rows.fetchall()}
@@ -304,6 +351,7 @@ class GatewayStore:
         seqs: list[int] = []
         columns: dict[str, list[object]] = {name: [] for name in RESPONSE_COLUMNS}
         events: list[tuple[int, str, str]] = []
+        retried: list[tuple[object, ...]] = []
         seq = self.last_seq
         for entry in entries:
             seq += 1
@@ -311,6 +359,7 @@ class GatewayStore:
             if isinstance(entry, ResponseEntry):
                 for name in RESPONSE_COLUMNS:
                     columns[name].append(seq if name == "seq" else getattr(entry, name))
+                retried.extend((entry.run_id, entry.item_id, *a) for a in entry.failed_attempts)
             else:
                 events.append((seq, entry.run.run_id, run_to_json(entry.run)))
         con = self.writer
@@ -333,6 +382,8 @@ class GatewayStore:
                     con.unregister("vigil_batch")
             if events:
                 con.executemany("INSERT INTO run_events VALUES (?, ?, ?)", events)
+            if retried:
+                con.executemany("INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?)", retried)
             for run in run_updates:
                 self.update_run(run, con)
             con.execute("COMMIT")

@@ -61,12 +61,12 @@ class Stack:
         env["TRANSFORMERS_OFFLINE"] = "1"
         return env
 
-    def start(self, name: str, args: list[str], timeout_s: float = 90.0) -> Proc:
+    def start(self, name: str, args: list[str], timeout_s: float = 90.0, port: int = 0) -> Proc:
         ready = self.root / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
         log_path = self.root / f"{name}.log"
         cmd = [sys.executable, "-m", "cli.main", "serve", *args,
-               "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+               "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
                "--ready-file", str(ready)]  # fmt: skip
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(cmd, cwd=REPO, env=self.env(), stdout=log, stderr=log)
@@ -83,9 +83,9 @@ class Stack:
         return proc
 
     def start_model(
-        self, name: str, backend: str = "random", extra: list[str] | None = None
+        self, name: str, backend: str = "random", extra: list[str] | None = None, port: int = 0
     ) -> Proc:
-        proc = self.start(name, ["model", "--backend", backend, *(extra or [])])
+        proc = self.start(name, ["model", "--backend", backend, *(extra or [])], port=port)
         wait_serving(proc.address)
         return proc
 
