@@ -14,6 +14,7 @@ from rpc.errors import VigilError
 
 def build_parser() -> argparse.ArgumentParser:
     from benchmark.cli import add_benchmark_commands
+    from cli.client import add_client_commands
     from cli.up import add_up_command
     from dashboard.main import add_serve_dashboard_command
     from gateway.main import add_serve_gateway_command
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_benchmark_commands(commands)
     add_model_commands(commands)
     add_up_command(commands)
+    add_client_commands(commands)
     return parser
 
 
