@@ -182,3 +182,10 @@ def wait_graded(grader: grader_pb2_grpc.GraderServiceStub, run_ids: list[str],
         if time.monotonic() > deadline:
             raise TimeoutError(f"runs {sorted(set(run_ids) - final)} not graded in {timeout_s}s")
         time.sleep(0.2)
+
+
+def audit_item_ids(bench) -> set[str]:  # type: ignore[no-untyped-def]
+    """The items an image run replays: the audit split, without items whose image is missing."""
+    manifest = bench.items(columns=["item_id", "split", "image_missing"])
+    keep = (manifest["split"] != "train") & ~manifest["image_missing"].astype(bool)
+    return set(manifest.loc[keep, "item_id"])

@@ -7,13 +7,14 @@ import signal
 import time
 from collections import Counter
 
-from tests.stack import Stack, gateway_stub, register, wait_run
+from tests.stack import Stack, audit_item_ids, gateway_stub, register, wait_run
 from vigil.gateway.v1 import gateway_pb2 as gw
 
 
 def test_gateway_sigkill_mid_run_resumes_exactly_once(stack: Stack, small_benchmark) -> None:
     bench = small_benchmark
-    n = bench.meta.item_count
+    audit = audit_item_ids(bench)
+    n = len(audit)
     model = stack.start_model("slow", "random", ["--latency-ms", "15"])
     gateway_proc = stack.start_gateway()
     gateway = gateway_stub(gateway_proc.address)
@@ -41,7 +42,7 @@ def test_gateway_sigkill_mid_run_resumes_exactly_once(stack: Stack, small_benchm
 
     log = list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0), timeout=30))
     counts = Counter(e.response.item_id for e in log if e.HasField("response"))
-    assert set(counts) == set(bench.items(columns=["item_id"])["item_id"])
+    assert set(counts) == audit
     assert set(counts.values()) == {1}
     ends = [e.run_event for e in log if e.HasField("run_event")]
     assert [e.run.run_id for e in ends] == [run_id]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.stack import REPO
+from tests.stack import REPO, audit_item_ids
 
 ZERO_PORTS = ["--gateway-port", "0", "--grader-port", "0", "--model-port", "0",
               "--gateway-metrics-port", "0", "--grader-metrics-port", "0",
@@ -34,7 +34,7 @@ def test_up_once_prints_summary_and_exits_zero(
     table = out[out.index("model ") :]
     for model in ("random-baseline", "tiny-llava"):
         row = next(line for line in table.splitlines() if line.startswith(model))
-        assert f" {small_benchmark.meta.item_count} " in row
+        assert f" {len(audit_item_ids(small_benchmark))} " in row
     assert "coverage" in table and "ece" in table and "cw_rate" in table
     # Everything stopped: the children's logs end with their stop messages.
     logs = data / "logs"

@@ -11,7 +11,7 @@ from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.stack import Stack, gateway_stub, register, wait_run
+from tests.stack import Stack, audit_item_ids, gateway_stub, register, wait_run
 from vigil.gateway.v1 import gateway_pb2 as gw
 
 TERMINAL = (gw.RUN_STATE_SUCCEEDED, gw.RUN_STATE_FAILED, gw.RUN_STATE_CANCELLED)
@@ -57,7 +57,7 @@ def test_watch_cancel_stream_and_metrics(stack: Stack, small_benchmark) -> None:
         gw.StartRunRequest(endpoint_name="slow", benchmark=bench.id), timeout=30
     ).run
     assert run.state in (gw.RUN_STATE_PENDING, gw.RUN_STATE_RUNNING)
-    assert run.item_count == bench.meta.item_count and run.model_name == "random-baseline"
+    assert run.item_count == len(audit_item_ids(bench)) and run.model_name == "random-baseline"
     watched = []
     cancelled = None
     for update in gateway.WatchRun(gw.WatchRunRequest(run_id=run.run_id), timeout=60):
@@ -67,7 +67,7 @@ def test_watch_cancel_stream_and_metrics(stack: Stack, small_benchmark) -> None:
         if update.run.completed_count >= 20 and not cancelled:
             cancelled = gateway.CancelRun(gw.CancelRunRequest(run_id=run.run_id), timeout=30).run
             assert cancelled.state == gw.RUN_STATE_CANCELLED
-    assert watched == sorted(watched) and watched[-1] < bench.meta.item_count
+    assert watched == sorted(watched) and watched[-1] < len(audit_item_ids(bench))
     final = gateway.GetRun(gw.GetRunRequest(run_id=run.run_id), timeout=10).run
     assert final.state == gw.RUN_STATE_CANCELLED and final.end_time.seconds > 0
     try:
@@ -161,7 +161,7 @@ def test_model_server_dying_mid_run_pauses_then_fails_the_run(
     log = list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0), timeout=10))
     outcomes = [e.response.outcome for e in log if e.HasField("response")]
     assert outcomes and set(outcomes) == {gw.OUTCOME_OK}
-    assert ended.completed_count == len(outcomes) < small_benchmark.meta.item_count
+    assert ended.completed_count == len(outcomes) < len(audit_item_ids(small_benchmark))
 
 
 def test_run_pauses_while_endpoint_is_down_and_resumes(stack: Stack, small_benchmark) -> None:
@@ -179,15 +179,17 @@ def test_run_pauses_while_endpoint_is_down_and_resumes(stack: Stack, small_bench
     stack.stop("flaky")
     time.sleep(2.0)
     paused = gateway.GetRun(gw.GetRunRequest(run_id=run.run_id), timeout=10).run
-    assert paused.state == gw.RUN_STATE_RUNNING and paused.completed_count < bench.meta.item_count
+    assert paused.state == gw.RUN_STATE_RUNNING and paused.completed_count < len(
+        audit_item_ids(bench)
+    )
     # The same endpoint comes back on the same address.
     stack.start_model("flaky-again", "random", port=port)
     ended = wait_run(gateway, run.run_id, timeout_s=120)
     assert ended.state == gw.RUN_STATE_SUCCEEDED, ended.error_message
-    assert ended.completed_count == bench.meta.item_count and ended.error_count == 0
+    assert ended.completed_count == len(audit_item_ids(bench)) and ended.error_count == 0
     log = list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0), timeout=10))
     items = [e.response.item_id for e in log if e.HasField("response")]
-    assert len(items) == len(set(items)) == bench.meta.item_count
+    assert len(items) == len(set(items)) == len(audit_item_ids(bench))
     retried = [e.response for e in log if e.HasField("response") and e.response.attempt_count > 1]
     assert retried, "the items asked while the endpoint was down were retried"
 
