@@ -145,7 +145,7 @@ def add_benchmark_commands(subparsers: argparse._SubParsersAction) -> argparse.A
         description="Build a built-in suite into the store and print its id, counts and hash.",
     )
     build.add_argument("suite", help="suite name, e.g. brain-mri")
-    build.add_argument("--size", default="small", help="small (default) or paper")
+    build.add_argument("--size", default="small", help="small (default), small-full or paper")
     build.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     build.add_argument("--root", type=Path, default=None, help=root_help)
     build.add_argument(
@@ -167,6 +167,10 @@ def add_benchmark_commands(subparsers: argparse._SubParsersAction) -> argparse.A
     listing = commands.add_parser("list", help="list stored benchmarks")
     listing.add_argument("--root", type=Path, default=None, help=root_help)
     listing.set_defaults(handler=cmd_list)
+
+    from benchmark.importers import add_import_export_commands
+
+    add_import_export_commands(commands, root_help)  # import ... / export medrcube ...
     return parser
 
 

@@ -10,7 +10,7 @@ A benchmark is an immutable folder ``ROOT/<name>-<content_hash[:12]>/`` holding
   counts). It is not part of the hash.
 
 Format version 2 added the columns ``hierarchy``, ``laterality``, ``supported_findings``,
-``split``, ``image_missing`` and ``expect_abstain`` and the ``open`` item format. Version 1 folders
+``split``, ``image_missing``, ``expect_abstain`` and ``source_json``, and the ``open`` item format. Version 1 folders
 stay readable: :func:`fill_defaults` gives their rows the defaults of :data:`COLUMN_DEFAULTS`, and
 their content hash is computed over the version 1 columns (:func:`content_hash` with ``version=1``).
 
@@ -72,6 +72,7 @@ MANIFEST_SCHEMA = pa.schema(
         pa.field("split", pa.string()),
         pa.field("image_missing", pa.bool_()),
         pa.field("expect_abstain", pa.bool_()),
+        pa.field("source_json", pa.string()),
     ]
 )
 """The manifest columns, in the order they are written, with their exact arrow types."""
@@ -93,9 +94,11 @@ COLUMN_DEFAULTS: dict[str, Any] = {
     "split": "audit",
     "image_missing": False,
     "expect_abstain": False,
+    "source_json": "",
 }
 """Values of the version 2 columns for rows of a version 1 manifest (and for
-:func:`fill_defaults`). ``supported_findings`` is an empty list."""
+:func:`fill_defaults`). ``supported_findings`` is an empty list. ``source_json`` keeps an imported
+item's source record verbatim (MedRCube), "" for a built item."""
 
 HIERARCHY: tuple[str, ...] = ("low", "mid", "high", "")
 """MedRCube task levels: low (modality, view, protocol), mid (organ, region), high (abnormality,

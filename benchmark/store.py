@@ -66,15 +66,23 @@ class Benchmark:
         return self.meta.content_hash
 
     def items(self, columns: list[str] | None = None) -> pd.DataFrame:
-        """The manifest as a DataFrame (only ``columns`` when given). ``options`` holds lists."""
+        """The manifest as a DataFrame (only ``columns`` when given). ``options`` and
+        ``supported_findings`` hold lists. A version 1 manifest gets the version 2 columns with
+        their defaults (:data:`benchmark.format.COLUMN_DEFAULTS`)."""
         if columns is not None:
             unknown = [c for c in columns if c not in fmt.COLUMNS]
             if unknown:
                 raise BenchmarkInvalid(self.id, [f"unknown manifest column {c!r}" for c in unknown])
-        table = pq.read_table(self.path / fmt.MANIFEST_FILE, columns=columns)
+        file = self.path / fmt.MANIFEST_FILE
+        stored = set(pq.read_schema(file).names)
+        wanted = list(fmt.COLUMNS) if columns is None else list(columns)
+        table = pq.read_table(file, columns=[c for c in wanted if c in stored])
         frame = table.to_pandas()
-        if "options" in frame.columns:
-            frame["options"] = [list(v) for v in frame["options"].tolist()]
+        if any(c not in stored for c in wanted):
+            frame = fmt.fill_defaults(frame).loc[:, wanted]
+        for name in fmt.LIST_COLUMNS:
+            if name in frame.columns:
+                frame[name] = [list(v) for v in frame[name].tolist()]
         return frame
 
     def image_file(self, image_path: str) -> Path:

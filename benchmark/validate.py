@@ -67,8 +67,9 @@ def validate_benchmark(path: str | Path) -> list[str]:
         problems.append(f"{fmt.MANIFEST_FILE}: unreadable parquet ({exc})")
         return problems
 
+    version = _format_version(meta, table)
     schema_ok = True
-    for field in fmt.MANIFEST_SCHEMA:
+    for field in fmt.schema_for(version):
         if field.name not in table.column_names:
             problems.append(f"{fmt.MANIFEST_FILE}: missing column {field.name!r}")
             schema_ok = False
@@ -79,13 +80,13 @@ def validate_benchmark(path: str | Path) -> list[str]:
             )
             schema_ok = False
 
-    manifest = table.to_pandas()
+    manifest = fmt.fill_defaults(table.to_pandas())
     item_problems, digests = _check_manifest(manifest, folder)
     problems.extend(item_problems)
 
     if meta is None or not schema_ok:
         return problems
-    digest = fmt.content_hash(table.select(list(fmt.COLUMNS)), digests)
+    digest = fmt.content_hash(table.select(list(fmt.columns_for(version))), digests, version)
     if meta.get("content_hash") != digest:
         problems.append(
             f"{fmt.META_FILE}: content_hash {meta.get('content_hash')!r} does not match the "
@@ -108,6 +109,17 @@ def validate_benchmark(path: str | Path) -> list[str]:
             f"({fmt.benchmark_id(name, digest)})"
         )
     return problems
+
+
+def _format_version(meta: dict[str, Any] | None, table: pa.Table) -> int:
+    """The format version to check a stored manifest against: the one ``benchmark.json`` states
+    when it is supported, else the newest whose columns the manifest has."""
+    stated = None if meta is None else meta.get("format_version")
+    if stated in fmt.SUPPORTED_FORMAT_VERSIONS and not isinstance(stated, bool):
+        return int(stated)
+    if set(fmt.COLUMNS) <= set(table.column_names):
+        return fmt.FORMAT_VERSION
+    return 1
 
 
 def _read_meta(folder: Path, problems: list[str]) -> dict[str, Any] | None:
@@ -134,10 +146,14 @@ def meta_problems(meta: Any) -> list[str]:
             problems.append(f"{fmt.META_FILE}: missing field {key!r}")
         elif not isinstance(meta[key], kind) or isinstance(meta[key], bool):
             problems.append(f"{fmt.META_FILE}: field {key!r} has the wrong type")
-    if meta.get("format_version") not in (None, fmt.FORMAT_VERSION):
+    version = meta.get("format_version")
+    if version is not None and (
+        isinstance(version, bool) or version not in fmt.SUPPORTED_FORMAT_VERSIONS
+    ):
+        supported = ", ".join(str(v) for v in fmt.SUPPORTED_FORMAT_VERSIONS)
         problems.append(
-            f"{fmt.META_FILE}: format_version {meta['format_version']!r} is not supported "
-            f"(expected {fmt.FORMAT_VERSION})"
+            f"{fmt.META_FILE}: format_version {version!r} is not supported (expected one of "
+            f"{supported})"
         )
     return problems
 
@@ -169,26 +185,28 @@ def _column_type_problems(manifest: pd.DataFrame, present: set[str]) -> tuple[li
         problems.extend(f"item {iid}: column {name!r} must be a string" for iid in bad)
         if not bad:
             usable.add(name)
-    if "options" in present:
+    for name in fmt.LIST_COLUMNS:
+        if name not in present:
+            continue
         bad = []
-        for i, v in enumerate(manifest["options"].tolist()):
+        for i, v in enumerate(manifest[name].tolist()):
             values = _as_list(v)
             if values is None or not all(_is_str(o) for o in values):
                 bad.append(ids[i])
-        problems.extend(f"item {iid}: column 'options' must be a list of strings" for iid in bad)
+        problems.extend(f"item {iid}: column {name!r} must be a list of strings" for iid in bad)
         if not bad:
-            usable.add("options")
-    if "is_control" in present:
-        series = manifest["is_control"]
+            usable.add(name)
+    for name in fmt.BOOL_COLUMNS:
+        if name not in present:
+            continue
+        series = manifest[name]
         if pd.api.types.is_bool_dtype(series.dtype):
-            usable.add("is_control")
-        else:
-            bad = [
-                ids[i] for i, v in enumerate(series.tolist()) if not isinstance(v, bool | np.bool_)
-            ]
-            problems.extend(f"item {iid}: column 'is_control' must be a bool" for iid in bad)
-            if not bad:
-                usable.add("is_control")
+            usable.add(name)
+            continue
+        bad = [ids[i] for i, v in enumerate(series.tolist()) if not isinstance(v, bool | np.bool_)]
+        problems.extend(f"item {iid}: column {name!r} must be a bool" for iid in bad)
+        if not bad:
+            usable.add(name)
     if "depth" in present:
         dtype = manifest["depth"].dtype
         if pd.api.types.is_float_dtype(dtype) or (
@@ -261,14 +279,23 @@ def _check_manifest(
 def _row_problems(label: str, row: dict[str, Any], usable: set[str]) -> list[str]:
     problems: list[str] = []
     where = f"item {label}"
+    abstain = "expect_abstain" in usable and bool(row["expect_abstain"])
     if "format" in usable:
         item_format = row["format"]
         if item_format not in fmt.FORMATS:
             problems.append(
                 f"{where}: unknown format {item_format!r} (known: {', '.join(fmt.FORMATS)})"
             )
-        elif item_format == "mc" and {"options", "answer"} <= usable:
-            problems.extend(_mc_problems(where, row, usable))
+        elif {"options", "answer"} <= usable:
+            problems.extend(_option_problems(where, row, usable, item_format, abstain))
+    if "answer" in usable and "expect_abstain" in usable:
+        if abstain and row["answer"] != fmt.UNSURE:
+            problems.append(
+                f"{where}: expect_abstain is set, so answer must be {fmt.UNSURE!r}, "
+                f"not {row['answer']!r}"
+            )
+        elif not abstain and row["answer"] == fmt.UNSURE:
+            problems.append(f"{where}: answer is {fmt.UNSURE!r} but expect_abstain is not set")
     if "image_path" in usable:
         path = row["image_path"]
         if path:
@@ -285,22 +312,49 @@ def _row_problems(label: str, row: dict[str, Any], usable: set[str]) -> list[str
                         f"{where}: media_type {row['media_type']!r} does not match "
                         f"{path!r} (expected {expected!r})"
                     )
+        if path and "image_missing" in usable and bool(row["image_missing"]):
+            problems.append(
+                f"{where}: image_missing is set, so image_path must be '', not {path!r}"
+            )
     if "depth" in usable:
         depth = float(row["depth"])
         if not math.isnan(depth) and not 0.0 <= depth <= 1.0:
             problems.append(f"{where}: depth {depth!r} is outside 0..1 (use NaN for none)")
     if "tumor_voxels" in usable and int(row["tumor_voxels"]) < -1:
         problems.append(f"{where}: tumor_voxels {row['tumor_voxels']} is below -1")
+    for name, allowed in (
+        ("hierarchy", fmt.HIERARCHY),
+        ("laterality", fmt.LATERALITIES),
+        ("split", fmt.SPLITS),
+    ):
+        if name in usable and row[name] not in allowed:
+            known = ", ".join(repr(v) for v in allowed)
+            problems.append(f"{where}: {name} {row[name]!r} is not one of {known}")
+    if "supported_findings" in usable:
+        findings = _as_list(row["supported_findings"]) or []
+        unknown = [f for f in findings if f not in fmt.FINDINGS]
+        if unknown:
+            problems.append(
+                f"{where}: supported_findings {unknown} are not in the findings vocabulary "
+                f"({', '.join(fmt.FINDINGS)})"
+            )
+        repeated = sorted(f for f, n in Counter(findings).items() if n > 1)
+        if repeated:
+            problems.append(f"{where}: supported_findings repeats {repeated}")
     return problems
 
 
-def _mc_problems(where: str, row: dict[str, Any], usable: set[str]) -> list[str]:
+def _option_problems(
+    where: str, row: dict[str, Any], usable: set[str], item_format: str, abstain: bool
+) -> list[str]:
+    """Option-set checks: distinct, non-empty options; the answer is one of them (unless the item
+    expects UNSURE); mc letters and recorded order match; open items carry no letter or order."""
     problems: list[str] = []
     options = _as_list(row["options"]) or []
     answer = row["answer"]
     if len(options) < 2:
         problems.append(f"{where}: needs at least 2 options, has {len(options)}")
-    if len(options) > len(fmt.LETTERS):
+    if item_format == "mc" and len(options) > len(fmt.LETTERS):
         problems.append(f"{where}: has {len(options)} options, at most {len(fmt.LETTERS)}")
     duplicated = sorted(o for o, n in Counter(options).items() if n > 1)
     if duplicated:
@@ -309,7 +363,24 @@ def _mc_problems(where: str, row: dict[str, Any], usable: set[str]) -> list[str]
         problems.append(f"{where}: has an empty option")
     if any(fmt.OPTION_SEPARATOR in o for o in options):
         problems.append(f"{where}: an option contains {fmt.OPTION_SEPARATOR!r}")
-    if answer not in options:
+    if fmt.UNSURE in options:
+        problems.append(f"{where}: {fmt.UNSURE!r} must not be an option (it is always allowed)")
+    if item_format == "open":
+        if not abstain and answer not in options:
+            problems.append(
+                f"{where}: answer {answer!r} is not in the task's answer space (options) {options}"
+            )
+        for name in ("answer_letter", "option_order"):
+            if name in usable and row[name] != "":
+                problems.append(f"{where}: an open item has no {name}, got {row[name]!r}")
+        return problems
+    if abstain:
+        if "answer_letter" in usable and row["answer_letter"] != "":
+            problems.append(
+                f"{where}: an item expecting {fmt.UNSURE} has no answer_letter, "
+                f"got {row['answer_letter']!r}"
+            )
+    elif answer not in options:
         problems.append(f"{where}: answer {answer!r} is not one of the options {options}")
     elif "answer_letter" in usable and len(options) <= len(fmt.LETTERS):
         expected = fmt.letter(options.index(answer))

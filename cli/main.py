@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dashboard.main import add_serve_dashboard_command
     from gateway.main import add_serve_gateway_command
     from grader.main import add_serve_grader_command
+    from grader.offline import add_grade_command
     from model_servers.main import add_model_commands, add_serve_model_command
+    from model_servers.reference.cli import add_reference_model_commands
 
     parser = argparse.ArgumentParser(
         prog="vigil",
@@ -43,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_benchmark_commands(commands)
     add_model_commands(commands)
+    add_reference_model_commands(commands)
     add_up_command(commands)
+    add_grade_command(commands)
     add_client_commands(commands)
     return parser
 

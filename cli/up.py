@@ -1,9 +1,11 @@
 """``vigil up``: the whole stack on one machine, on embedded defaults (what ``make run`` runs).
 
-It builds the default benchmark and a local model if they are missing, starts two model servers
-(the random baseline and the ``hf`` backend), the gateway, the grader and the dashboard, starts one
-audit round per model, then audits on the schedule until Ctrl-C. ``--once`` runs one round, waits
-until it is graded, prints a summary table and stops everything.
+It builds the default benchmark if it is missing and, with ``--hf-model reference``, trains the
+reference VLM on its train split once (a benchmark without train items, or ``--hf-model tiny``,
+the default for now, serves the untrained tiny model instead), starts two model servers (the random baseline and the ``hf`` backend on that model), the
+gateway, the grader and the dashboard, starts one audit round per model, then audits on the
+schedule until Ctrl-C. ``--once`` runs one round, waits until it is graded, prints a summary table
+and stops everything.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,6 +31,9 @@ from vigil.gateway.v1 import gateway_pb2 as gw
 from vigil.gateway.v1 import gateway_pb2_grpc
 from vigil.grader.v1 import grader_pb2 as gr
 from vigil.grader.v1 import grader_pb2_grpc
+
+if TYPE_CHECKING:
+    from benchmark.store import Benchmark
 
 SUMMARY_METRICS = (
     "coverage",
@@ -185,8 +191,14 @@ def run_up(args: argparse.Namespace) -> int:
     _say(
         f"benchmark {bench.id}: {bench.meta.item_count} items, {bench.meta.subject_count} subjects"
     )
+    model_dir, hf_name = None, "tiny-llava"
     try:
-        model_dir = ensure_tiny_llava(data_dir / "models" / "tiny-llava")
+        if args.hf_model == "reference":
+            model_dir = _ensure_reference_model(data_dir / "models" / "reference-vlm", bench)
+        if model_dir is not None:
+            hf_name = "reference-vlm"
+        else:
+            model_dir = ensure_tiny_llava(data_dir / "models" / hf_name)
     except FileExistsError as exc:
         raise UsageError(f"{exc}; move it away and run again") from None
     _say(f"hf model: {model_dir}")
@@ -200,9 +212,9 @@ def run_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     host = args.host
     try:
-        tiny = ["model", "--backend", "hf", "--model-path", str(model_dir), "--model-name",
-                "tiny-llava", "--torch-threads", "1"]  # fmt: skip
-        models = [("random-baseline", ["model", "--backend", "random"]), ("tiny-llava", tiny)]
+        hf = ["model", "--backend", "hf", "--model-path", str(model_dir), "--model-name",
+              hf_name, "--torch-threads", "1"]  # fmt: skip
+        models = [("random-baseline", ["model", "--backend", "random"]), (hf_name, hf)]
         endpoints: list[tuple[str, str]] = []
         for i, (name, cmd) in enumerate(models):
             svc = sup.start(name, [*cmd, "--host", host, "--port", str(args.model_port + i if args.model_port else 0),
@@ -291,6 +303,23 @@ def run_up(args: argparse.Namespace) -> int:
             _say("stopped.")
 
 
+def _ensure_reference_model(path: Path, bench: Benchmark) -> Path | None:
+    """The reference VLM at ``path``, trained once on ``bench``'s train split when missing; None
+    (with a notice) when the benchmark has no train items to learn from."""
+    from model_servers.reference.cli import is_complete, train_into
+    from model_servers.reference.data import NoTrainItems
+
+    if is_complete(path):
+        return path
+    _say(f"training the reference VLM on the train split of {bench.id} (about 5 minutes, once)")
+    try:
+        train_into(bench.path, path)
+    except NoTrainItems as exc:
+        _say(f"cannot train the reference VLM: {exc}; serving the untrained tiny model instead")
+        return None
+    return path
+
+
 def _wait_round(
     gw_stub: gateway_pb2_grpc.GatewayServiceStub, run_ids: list[str], sup: Supervisor
 ) -> list[str]:
@@ -337,6 +366,10 @@ def add_up_command(commands: argparse._SubParsersAction) -> None:  # type: ignor
         "--suite", default="brain-mri", help="built-in benchmark suite (default brain-mri)"
     )
     p.add_argument("--size", default="small", help="suite size (default small)")
+    p.add_argument("--hf-model", choices=("reference", "tiny"), default="tiny",
+                   help="model of the hf server: the reference VLM, trained once on the benchmark's "
+                        "train split (the tiny model when it has none), or the untrained tiny "
+                        "model (default, as the tests use)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="benchmark seed (default 0)")
     p.add_argument(
         "--interval-s", type=float, default=3600.0, help="audit interval (default 3600 s)"

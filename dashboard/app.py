@@ -228,6 +228,63 @@ def alerts_section(grader: client.Conn) -> None:
     st.dataframe(views.alerts_table(alerts), hide_index=True, key="alerts_table")
 
 
+def credibility_section(grader: client.Conn) -> None:
+    st.header("Credibility")
+    cred = client.credibility(grader, latest_only=True)
+    cred = cred[cred["image_mode"] != "text_only"]
+    if cred.empty or int(cred["pair_count"].sum()) == 0:
+        st.info(
+            "No credibility figures yet: they need images with both basic and high-level questions."
+        )
+        return
+    table = views.credibility_table(cred)
+    st.dataframe(table.frame, hide_index=True, key="credibility_table")
+    notes = [views.CREDIBILITY_CAPTION]
+    if table.too_few_subjects:
+        notes.append(FOOTNOTE_TOO_FEW)
+    st.caption(" ".join(notes))
+    points = cred[
+        pd.to_numeric(cred["shortcut_probability"]).notna()
+        & pd.to_numeric(cred["high_level_accuracy"]).notna()
+    ]
+    if len(points):
+        st.altair_chart(charts.shortcut_chart(points), width="stretch", key="shortcut_chart")
+    for line in views.correlation_text(client.shortcut_correlations(grader)):
+        st.caption(line)
+
+
+def text_only_section(grader: client.Conn) -> None:
+    st.header("Text-only drop")
+    table = views.drops_table(client.text_only_drops(grader, latest_only=True))
+    if table.frame.empty:
+        st.info(
+            "No text-only runs yet. Start one with the gateway's StartRun(text_only=true) to "
+            "see how much of each model's score needs no image."
+        )
+        return
+    st.dataframe(table.frame, hide_index=True, key="text_only_table")
+    st.caption(views.DROP_CAPTION + (" " + FOOTNOTE_TOO_FEW if table.too_few_subjects else ""))
+
+
+def regressions_section(grader: client.Conn, model: str) -> None:
+    st.header("Regressions")
+    diffs = client.regressions(grader, model_name=model)
+    if diffs.empty:
+        st.info(f"No earlier run of **{model}** on the same questions to compare with yet.")
+        return
+    newest = diffs["run_id"].iloc[0]
+    table = views.regressions_table(diffs[diffs["run_id"] == newest])
+    regressed = int((table.frame["Regressed"] == "yes").sum())
+    if regressed:
+        st.error(f"{regressed} figure{'s' if regressed != 1 else ''} regressed in run `{newest}`.")
+    else:
+        st.success(f"No figure of **{model}** regressed in run `{newest}`.")
+    st.dataframe(table.frame, hide_index=True, key="regressions_table")
+    st.caption(
+        views.REGRESSION_CAPTION + (" " + FOOTNOTE_TOO_FEW if table.too_few_subjects else "")
+    )
+
+
 def gateway_section(gateway: client.Conn, endpoints: pd.DataFrame) -> None:
     st.header("Deployments")
     if endpoints.empty:
@@ -283,6 +340,12 @@ def grader_sections(grader: client.Conn) -> None:
         trend_section(grader)
     with guarded("The reliability diagram"):
         reliability_section(grader, breakdown, str(model), run_id)
+    with guarded("Credibility"):
+        credibility_section(grader)
+    with guarded("The text-only drop"):
+        text_only_section(grader)
+    with guarded("Regressions"):
+        regressions_section(grader, str(model))
     with guarded("Alerts"):
         alerts_section(grader)
 

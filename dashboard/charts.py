@@ -83,3 +83,26 @@ def reliability_chart(bins: pd.DataFrame) -> alt.LayerChart:
         .encode(x=alt.X("x:Q", scale=_UNIT), y=alt.Y("y:Q", scale=_UNIT))
     )
     return alt.LayerChart(layer=[bars, diagonal, dots, counts], height=360)
+
+
+def shortcut_chart(cred: pd.DataFrame) -> alt.Chart:
+    """Shortcut probability against high-level accuracy, one point per model's latest run.
+
+    ``cred`` is :func:`dashboard.client.credibility` output (finite points only are drawn).
+    """
+    return (
+        alt.Chart(cred)
+        .mark_circle(size=90)
+        .encode(
+            x=alt.X("shortcut_probability:Q", title="Shortcut probability", scale=_UNIT),
+            y=alt.Y("high_level_accuracy:Q", title="High-level accuracy", scale=_UNIT),
+            color=alt.Color("model_name:N", title="Model"),
+            tooltip=[
+                alt.Tooltip("model_name:N", title="Model"),
+                alt.Tooltip("run_id:N", title="Run"),
+                alt.Tooltip("shortcut_probability:Q", title="Shortcut probability", format=".3f"),
+                alt.Tooltip("high_level_accuracy:Q", title="High-level accuracy", format=".3f"),
+            ],
+        )
+        .properties(height=300)
+    )

@@ -410,3 +410,120 @@ def gateway_runs(conn: Conn, endpoint_name: str = "", page_size: int = 50) -> pd
         ],
         GATEWAY_RUN_COLUMNS,
     )
+
+
+# ---- grader: credibility, text-only drops, regressions --------------------------------------
+
+CREDIBILITY_COLUMNS = [
+    "run_id", "model_name", "benchmark_hash", "image_mode", "image_count", "pair_count",
+    "a_count", "b_count", "c_count", "d_count", "luck_rate", "luck_lower", "luck_upper",
+    "shortcut_probability", "shortcut_lower", "shortcut_upper", "rationality",
+    "rationality_lower", "rationality_upper", "has_interval", "high_level_accuracy",
+    "low_level_accuracy", "subject_count", "too_few_subjects", "final", "run_start_time",
+]  # fmt: skip
+CORRELATION_COLUMNS = ["benchmark_hash", "model_count", "has_correlation", "r", "p_value", "note"]
+DROP_COLUMNS = [
+    "model_name", "benchmark_hash", "image_run_id", "text_run_id", "task", "image_accuracy",
+    "text_accuracy", "drop", "has_interval", "lower", "upper", "subject_count",
+    "too_few_subjects",
+]  # fmt: skip
+REGRESSION_COLUMNS = [
+    "run_id", "base_run_id", "model_name", "task", "metric", "base_value", "value",
+    "difference", "has_interval", "lower", "upper", "margin", "regressed", "subject_count",
+    "too_few_subjects", "mcnemar_p_value",
+]  # fmt: skip
+
+
+def _credibility_row(c: gr.RunCredibility) -> dict[str, Any]:
+    def ends(i: gr.Interval) -> tuple[float, float]:
+        return _interval(i.has_interval, i.lower), _interval(i.has_interval, i.upper)
+
+    luck, shortcut, rational = (
+        ends(c.luck_rate_interval), ends(c.shortcut_probability_interval),
+        ends(c.rationality_interval),
+    )  # fmt: skip
+    return {
+        "run_id": c.run_id, "model_name": c.model_name, "benchmark_hash": c.benchmark_hash,
+        "image_mode": c.image_mode, "image_count": c.image_count, "pair_count": c.pair_count,
+        "a_count": c.a_count, "b_count": c.b_count, "c_count": c.c_count, "d_count": c.d_count,
+        "luck_rate": c.luck_rate, "luck_lower": luck[0], "luck_upper": luck[1],
+        "shortcut_probability": c.shortcut_probability, "shortcut_lower": shortcut[0],
+        "shortcut_upper": shortcut[1], "rationality": c.rationality,
+        "rationality_lower": rational[0], "rationality_upper": rational[1],
+        "has_interval": c.shortcut_probability_interval.has_interval,
+        "high_level_accuracy": c.high_level_accuracy, "low_level_accuracy": c.low_level_accuracy,
+        "subject_count": c.subject_count, "too_few_subjects": c.too_few_subjects,
+        "final": c.final, "run_start_time": _time(c, "run_start_time"),
+    }  # fmt: skip
+
+
+def credibility(conn: Conn, model_name: str = "", latest_only: bool = True) -> pd.DataFrame:
+    """MedRCube's credibility figures per run, newest first (``CREDIBILITY_COLUMNS``)."""
+    reply = conn.call(
+        _grader(conn),
+        "ListCredibility",
+        gr.ListCredibilityRequest(model_name=model_name, latest_only=latest_only),
+    )
+    return _frame([_credibility_row(c) for c in reply.credibilities], CREDIBILITY_COLUMNS)
+
+
+def shortcut_correlations(conn: Conn) -> pd.DataFrame:
+    """Per benchmark: Pearson's r of shortcut probability with high-level accuracy across
+    models (``CORRELATION_COLUMNS``)."""
+    reply = conn.call(_grader(conn), "GetShortcutCorrelation", gr.GetShortcutCorrelationRequest())
+    return _frame(
+        [
+            {"benchmark_hash": c.benchmark_hash, "model_count": c.model_count,
+             "has_correlation": c.has_correlation, "r": c.r, "p_value": c.p_value,
+             "note": c.note}
+            for c in reply.correlations
+        ],
+        CORRELATION_COLUMNS,
+    )  # fmt: skip
+
+
+def text_only_drops(conn: Conn, model_name: str = "", latest_only: bool = True) -> pd.DataFrame:
+    """Accuracy with images minus accuracy without, per model and task (``DROP_COLUMNS``)."""
+    reply = conn.call(
+        _grader(conn),
+        "ListTextOnlyDrops",
+        gr.ListTextOnlyDropsRequest(model_name=model_name, latest_only=latest_only),
+    )
+    return _frame(
+        [
+            {"model_name": d.model_name, "benchmark_hash": d.benchmark_hash,
+             "image_run_id": d.image_run_id, "text_run_id": d.text_run_id, "task": d.task,
+             "image_accuracy": d.image_accuracy, "text_accuracy": d.text_accuracy,
+             "drop": d.drop, "has_interval": d.drop_interval.has_interval,
+             "lower": _interval(d.drop_interval.has_interval, d.drop_interval.lower),
+             "upper": _interval(d.drop_interval.has_interval, d.drop_interval.upper),
+             "subject_count": d.subject_count, "too_few_subjects": d.too_few_subjects}
+            for d in reply.drops
+        ],
+        DROP_COLUMNS,
+    )  # fmt: skip
+
+
+def regressions(conn: Conn, model_name: str = "", run_id: str = "") -> pd.DataFrame:
+    """Each run against its model's previous run, one row per task and metric
+    (``REGRESSION_COLUMNS``), newest run first."""
+    reply = conn.call(
+        _grader(conn),
+        "ListRegressions",
+        gr.ListRegressionsRequest(model_name=model_name, run_id=run_id),
+    )
+    return _frame(
+        [
+            {"run_id": c.run_id, "base_run_id": c.base_run_id, "model_name": c.model_name,
+             "task": d.task, "metric": d.metric, "base_value": d.base_value, "value": d.value,
+             "difference": d.difference, "has_interval": d.difference_interval.has_interval,
+             "lower": _interval(d.difference_interval.has_interval, d.difference_interval.lower),
+             "upper": _interval(d.difference_interval.has_interval, d.difference_interval.upper),
+             "margin": d.margin, "regressed": d.regressed, "subject_count": d.subject_count,
+             "too_few_subjects": d.too_few_subjects,
+             "mcnemar_p_value": d.mcnemar.p_value if d.HasField("mcnemar") else math.nan}
+            for c in reply.comparisons
+            for d in c.differences
+        ],
+        REGRESSION_COLUMNS,
+    )  # fmt: skip

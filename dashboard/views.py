@@ -314,3 +314,134 @@ def gateway_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
             "Problem": runs["error_message"],
         }
     )
+
+
+# ---- credibility, text-only drop, regressions ------------------------------------------------
+
+CREDIBILITY_CAPTION = (
+    "Each question about what the image shows at the high level (a tumour, its side) is paired "
+    "with each basic question about the same image (sequence, plane, is it a brain MRI). "
+    "**Luck rate**: of the right high-level answers, the share on images whose basic question "
+    "the model got wrong. **Shortcut probability**: when the basic question was wrong, how "
+    "often the high-level answer was right anyway. **Rationality** = 1 - luck rate. High "
+    "shortcut probability means right answers that do not come from reading the image."
+)
+DROP_CAPTION = (
+    "Accuracy with the image minus accuracy when the same questions are sent without it. A "
+    "drop near zero means the model scores as well without looking: the score does not "
+    "measure image reading."
+)
+REGRESSION_CAPTION = (
+    "Each run against the same model's previous run on the same questions: the change of "
+    "each figure with a 95% interval in which both runs are resampled with the same subjects. "
+    "A figure regressed when the interval lies wholly on the bad side of zero and the change "
+    "exceeds the margin; accuracy also gets a clustered McNemar test (p-value)."
+)
+
+
+def _cell(value: object, lower: object, upper: object, has: object, too_few: object) -> str:
+    return format_figure(
+        value, lower, upper, has_interval=bool(has), too_few_subjects=bool(too_few)
+    )
+
+
+def credibility_table(cred: pd.DataFrame) -> Table:
+    """One row per run: groups A-D and the three ratios with their intervals."""
+    columns = ["Model", "Run", "Images", "Pairs", "A", "B", "C", "D", "Luck rate",
+               "Shortcut probability", "Rationality", "High-level accuracy"]  # fmt: skip
+    if cred.empty:
+        return Table(pd.DataFrame(columns=columns))
+    rows = cred.itertuples(index=False)
+    frame = pd.DataFrame(
+        [
+            [r.model_name, r.run_id, int(r.image_count), int(r.pair_count), int(r.a_count),
+             int(r.b_count), int(r.c_count), int(r.d_count),
+             _cell(r.luck_rate, r.luck_lower, r.luck_upper, r.has_interval, r.too_few_subjects),
+             _cell(r.shortcut_probability, r.shortcut_lower, r.shortcut_upper, r.has_interval,
+                   r.too_few_subjects),
+             _cell(r.rationality, r.rationality_lower, r.rationality_upper, r.has_interval,
+                   r.too_few_subjects),
+             format_value(r.high_level_accuracy)]
+            for r in rows
+        ],
+        columns=columns,
+    )  # fmt: skip
+    return Table(
+        frame,
+        too_few_subjects=bool(cred["too_few_subjects"].any()),
+        in_progress=not bool(cred["final"].all()),
+    )
+
+
+def correlation_text(correlations: pd.DataFrame) -> list[str]:
+    """One sentence per benchmark about the shortcut-accuracy correlation across models."""
+    out = []
+    for r in correlations.itertuples(index=False):
+        bench = str(r.benchmark_hash)[:12]
+        if bool(r.has_correlation):
+            out.append(
+                f"Benchmark `{bench}`: across {int(r.model_count)} models, shortcut probability "
+                f"and high-level accuracy correlate with r = {float(r.r):.2f} "
+                f"(p = {float(r.p_value):.3g})."
+            )
+        else:
+            out.append(
+                f"Benchmark `{bench}`: no correlation across models yet ({r.note}; "
+                f"{int(r.model_count)} so far)."
+            )
+    return out
+
+
+def drops_table(drops: pd.DataFrame) -> Table:
+    """One row per model and task: accuracy with and without images and the drop."""
+    columns = ["Model", "Task", "With image", "Text only", "Drop", "Subjects"]
+    if drops.empty:
+        return Table(pd.DataFrame(columns=columns))
+    df = drops.copy()
+    df["_order"] = (df["task"] != "all").astype(int)
+    df = df.sort_values(["model_name", "_order", "task"])
+    frame = pd.DataFrame(
+        {
+            "Model": df["model_name"],
+            "Task": df["task"].replace({"all": "all tasks"}),
+            "With image": [format_value(v) for v in df["image_accuracy"]],
+            "Text only": [format_value(v) for v in df["text_accuracy"]],
+            "Drop": [
+                _cell(r.drop, r.lower, r.upper, r.has_interval, r.too_few_subjects)
+                for r in df.itertuples(index=False)
+            ],
+            "Subjects": df["subject_count"].astype("int64"),
+        }
+    )
+    return Table(frame.reset_index(drop=True), too_few_subjects=bool(df["too_few_subjects"].any()))
+
+
+def regressions_table(diffs: pd.DataFrame, headline_only: bool = True) -> Table:
+    """One row per (run, task, headline metric): before, after and the paired change."""
+    columns = ["Model", "Run", "Against", "Task", "Metric", "Before", "After", "Change",
+               "Regressed", "McNemar p"]  # fmt: skip
+    rows = diffs[diffs["metric"].isin(METRIC_KEYS)] if headline_only else diffs
+    if rows.empty:
+        return Table(pd.DataFrame(columns=columns))
+    frame = pd.DataFrame(
+        {
+            "Model": rows["model_name"],
+            "Run": rows["run_id"],
+            "Against": rows["base_run_id"],
+            "Task": rows["task"].replace({"all": "all tasks"}),
+            "Metric": [metric_label(m) for m in rows["metric"]],
+            "Before": [format_value(v) for v in rows["base_value"]],
+            "After": [format_value(v) for v in rows["value"]],
+            "Change": [
+                _cell(r.difference, r.lower, r.upper, r.has_interval, r.too_few_subjects)
+                for r in rows.itertuples(index=False)
+            ],
+            "Regressed": ["yes" if r else "" for r in rows["regressed"]],
+            "McNemar p": [
+                "" if _missing(p) else f"{float(p):.3g}" for p in rows["mcnemar_p_value"]
+            ],
+        }
+    )
+    return Table(
+        frame.reset_index(drop=True), too_few_subjects=bool(rows["too_few_subjects"].any())
+    )

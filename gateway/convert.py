@@ -11,7 +11,11 @@ from gateway.domain import Endpoint, Outcome, ResponseEntry, Run, RunEndEntry, R
 from rpc.errors import InvalidArgument
 from vigil.gateway.v1 import gateway_pb2 as pb
 
-_PROTOCOL_TO_PB = {"vigil": pb.PROTOCOL_VIGIL}
+_PROTOCOL_TO_PB = {
+    "vigil": pb.PROTOCOL_VIGIL,
+    "kserve_v2": pb.PROTOCOL_KSERVE_V2,
+    "openai": pb.PROTOCOL_OPENAI,
+}
 _PROTOCOL_FROM_PB = {v: k for k, v in _PROTOCOL_TO_PB.items()}
 _STATE_TO_PB = {
     RunState.PENDING: pb.RUN_STATE_PENDING,

@@ -10,8 +10,12 @@ from grader.store import GraderStore
 
 EXPORTED_METRICS = (
     "coverage", "accuracy", "balanced_accuracy", "ece", "brier", "conf_wrong", "cw_rate",
-    "abstention_rate", "unparseable_rate", "transport_error_rate",
+    "abstention_rate", "unparseable_rate", "transport_error_rate", "macro_f1", "mce", "auroc",
+    "aurc", "hallucination_rate", "over_abstention",
 )  # fmt: skip
+
+
+CREDIBILITY_METRICS = ("luck_rate", "shortcut_probability", "rationality")
 
 
 class GraderExporter:
@@ -40,6 +44,11 @@ class GraderExporter:
             "Seconds from a response being recorded to it being graded (latest batch).",
             registry=self.registry,
         )
+        self.figures_seq = Gauge(
+            "vigil_grader_figures_seq",
+            "The log position the exported figures include (everything graded up to it).",
+            registry=self.registry,
+        )
         self.connected = Gauge(
             "vigil_grader_gateway_connected",
             "1 while the grader follows the gateway's stream.",
@@ -48,6 +57,7 @@ class GraderExporter:
 
     def refresh(self, store: GraderStore) -> None:
         """Re-export the latest run's figures of every model."""
+        self.figures_seq.set(store.last_seq)
         latest = store.query_metrics(task="", fmt="all", group_axis="", latest_only=True)
         self.metric.clear()
         for row in latest.itertuples(index=False):
@@ -57,6 +67,16 @@ class GraderExporter:
                 and not math.isnan(row.value)
             ):
                 self.metric.labels(row.model_name, row.task, row.metric).set(row.value)
+        # Credibility and the text-only drop of each model's latest runs, pooled over tasks.
+        for row in store.list_credibility(latest_only=True).itertuples(index=False):
+            for name in CREDIBILITY_METRICS:
+                value = getattr(row, name)
+                if value is not None and not math.isnan(value):
+                    self.metric.labels(row.model_name, "all", name).set(value)
+        drops = store.list_text_only_drops(latest_only=True)
+        for row in drops.itertuples(index=False):
+            if row.drop is not None and not math.isnan(row.drop):
+                self.metric.labels(row.model_name, row.task, "text_only_drop").set(row.drop)
         self.active_alerts.clear()
         runs = store.latest_runs()
         alerts = store.list_alerts()

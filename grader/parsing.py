@@ -527,3 +527,186 @@ def parse_confidence(text: str) -> int | None:
     if len(values) == 1:
         return values.pop()
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Open-ended answers
+
+REASON_OPEN = "open_text"
+REASON_AMBIGUOUS_LABELS = "ambiguous_labels"
+
+_W = r"(?:[\s-]*w(?:eighted|i)?)?"  # "-weighted", "w", "WI"
+# Task -> canonical label -> what a model may write for it (regex, case-insensitive, whole words).
+# The label text itself always matches too. Where two matches overlap the longer one wins, so
+# "T2-FLAIR" is FLAIR and "T1 with gadolinium" is T1ce, not T1.
+OPEN_ALIASES: dict[str, dict[str, str]] = {
+    "sequence": {
+        "T1ce": rf"t1\s*-?\s*(?:ce|c|gd|\+\s*c|\+\s*gd|\+)|t1{_W}[\s,(-]*(?:post[\s-]*(?:contrast"
+        r"|gad\w*|gd)|with\s+(?:gadolinium|gad|contrast|gd)|contrast[\s-]*enhanced|after\s+"
+        r"(?:contrast|gadolinium)|\+\s*(?:c|gd|contrast))\)?|(?:post[\s-]*(?:contrast|gad\w*)"
+        rf"|(?:contrast|gadolinium|gd)[\s-]*enhanced|enhanced)\s+t1{_W}",
+        "T1": rf"t1{_W}",
+        "T2": rf"t2{_W}",
+        "FLAIR": r"(?:t2[\s-]*)?flair|fluid[\s-]*attenuated\s+inversion[\s-]*recovery",
+        "PD": rf"pd{_W}|proton[\s-]*density{_W}",
+        "MRA": r"mra|mr\s+angiogra\w*|magnetic\s+resonance\s+angiogra\w*|angiogra\w*"
+        r"|time[\s-]*of[\s-]*flight|tof",
+        "DWI": r"dwi|diffusion(?:[\s-]*weighted)?(?:\s+imaging)?",
+    },
+    "plane": {
+        "axial": r"axial|trans(?:verse|axial)|horizontal",
+        "coronal": r"coronal|frontal\s+plane",
+        "sagittal": r"(?:mid|para)?[\s-]*sagittal",
+    },
+    "laterality": {
+        "left": r"left(?:[\s-]+(?:hemisphere|side|sided|lobe|cerebral\s+hemisphere))?",
+        "right": r"right(?:[\s-]+(?:hemisphere|side|sided|lobe|cerebral\s+hemisphere))?",
+        "bilateral": r"bilateral(?:ly)?|both(?:\s+(?:sides|hemispheres))?",
+        "none": r"none|neither|no\s+(?:visible\s+)?(?:lesion|tumou?r|mass|laterality|lateralization"
+        r"|abnormality)|not\s+applicable|n/a",
+    },
+}
+# Yes/no tasks read a leading yes/no, then what the text asserts about the task's subject.
+_YES_NO = re.compile(r"^\W*(?P<word>yes|no)\b", re.I)
+_NORMAL = re.compile(r"\b(?:normal|unremarkable|healthy)\b", re.I)
+_BRAIN = re.compile(r"\bbrain\b|\bcerebr\w*|\bintracranial\b|\bhead\s+mri\b", re.I)
+_NOT_BRAIN = re.compile(
+    r"\bnon[\s-]*brain\b|\b(?:noise|random\s+pixels|blank|chest|knee|abdom\w*|pelvi\w*|spine"
+    r"|lungs?|heart|cardiac|photograph)\b",
+    re.I,
+)
+_CONFIDENCE_TAIL = re.compile(r"\bconfiden", re.I)
+
+
+@dataclass(frozen=True)
+class ParsedOpen:
+    """What one open-ended response says: ``label`` (from the answer space) set iff ANSWERED."""
+
+    outcome: Outcome
+    label: str | None
+    confidence: int | None
+    reason: str
+
+
+def _label_spans(text: str, task: str, space: dict[str, str]) -> list[tuple[int, int, str]]:
+    """(start, end, label) of every label named in ``text``; a match inside a longer one dropped."""
+    aliases = OPEN_ALIASES.get(task, {})
+    spans: list[tuple[int, int, str]] = []
+    for folded, label in space.items():
+        pattern = aliases.get(label) or next(
+            (p for name, p in aliases.items() if name.casefold() == folded), None
+        )
+        alternatives = [re.escape(label)] + ([pattern] if pattern else [])
+        regex = re.compile(r"(?<![\w+-])(?:" + "|".join(alternatives) + r")(?![\w+])", re.I)
+        spans.extend((m.start(), m.end(), label) for m in regex.finditer(text))
+    spans.sort(key=lambda s: (s[0], -s[1]))
+    kept: list[tuple[int, int, str]] = []
+    max_end = -1
+    for span in spans:
+        if span[1] > max_end and span[0] >= max_end:
+            kept.append(span)
+        max_end = max(max_end, span[1])
+    return kept
+
+
+def _yes_no(value: str, task: str, space: dict[str, str]) -> set[str]:
+    from grader.findings import ASSERTED, NEGATED, finding_status, mention_status
+
+    if "yes" not in space or "no" not in space:
+        return set()
+    lead = _YES_NO.match(value)
+    if lead:
+        return {space[lead["word"].lower()]}
+    found: set[str] = set()
+    if task == "tumor_visible":
+        status = {s for f, s in finding_status(value).items() if f in ("tumor", "lesion")}
+        if ASSERTED in status:
+            found.add("yes")
+        elif NEGATED in status or _NORMAL.search(value):
+            found.add("no")
+    elif task == "is_brain":
+        if _NOT_BRAIN.search(value):
+            found.add("no")
+        for match in _BRAIN.finditer(value):
+            negated = mention_status(value, match.start(), match.end()) == NEGATED
+            found.add("no" if negated else "yes")
+    return {space[f] for f in found}
+
+
+def _open_labels(value: str, task: str, space: dict[str, str]) -> set[str]:
+    """The labels ``value`` asserts: named and not negated ("not coronal but axial" -> axial)."""
+    from grader.findings import NEGATED, mention_status
+
+    found = _yes_no(value, task, space)
+    if found:
+        return found
+    labels = set()
+    for start, end, label in _label_spans(value, task, space):
+        if label.casefold() in ("yes", "no") or mention_status(value, start, end) != NEGATED:
+            labels.add(label)
+    return labels
+
+
+def _open_values(text: str) -> list[str]:
+    """Where an open answer may be written: a JSON answer, the last answer label, the text."""
+    values: list[str] = []
+    for match in reversed(list(_JSON_OBJECT.finditer(text))):
+        try:
+            obj = json.loads(match.group(0))
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            keys = {str(k).lower(): v for k, v in obj.items()}
+            values += [str(keys[k]) for k in _JSON_ANSWER_KEYS if isinstance(keys.get(k), str)]
+    labelled = _label_values(text)
+    if labelled:
+        values.append(labelled[-1][1])
+    values.append(text)
+    out = []
+    for value in values:
+        head = _CONFIDENCE_TAIL.split(value, maxsplit=1)[0]
+        out.append(head if head.strip() else value)
+    return out
+
+
+def parse_open(text: str, answer_space: Sequence[str], task: str) -> ParsedOpen:
+    """Read an open-ended answer and normalise it to a label of ``answer_space``.
+
+    Aliases per task (:data:`OPEN_ALIASES`): "T1-weighted" / "T1w" -> T1, "post-contrast T1" /
+    "T1 with gadolinium" -> T1ce, "transverse" -> axial, "left hemisphere" -> left, "both sides"
+    -> bilateral; yes/no tasks read a leading yes/no, then whether the text asserts or negates
+    the subject ("no tumour", "normal" -> no for tumor_visible; "not a brain MRI" -> no for
+    is_brain). Negated labels are dropped ("not coronal but axial" -> axial). The first place
+    that names exactly one label wins (a JSON answer, the last "Answer:" value, the whole text);
+    two different labels are ``ambiguous_labels``; a refusal or UNSURE is ABSTAINED; nothing is
+    ``no_answer``. Never raises for any string.
+    """
+    space = {str(label).casefold(): str(label) for label in answer_space if str(label).strip()}
+    cleaned = _clean(text or "")
+    confidence = parse_confidence(cleaned)
+    if not cleaned:
+        return ParsedOpen(Outcome.UNPARSEABLE, None, confidence, REASON_EMPTY)
+    for value in _open_values(cleaned):
+        stripped = value.strip()
+        if _UNSURE_START.match(stripped) and not _label_spans(stripped[:40], task, space):
+            return ParsedOpen(Outcome.ABSTAINED, None, confidence, REASON_UNSURE)
+        labels = _open_labels(stripped, task, space)
+        if len(labels) > 1:
+            return ParsedOpen(Outcome.UNPARSEABLE, None, confidence, REASON_AMBIGUOUS_LABELS)
+        if labels:
+            return ParsedOpen(Outcome.ANSWERED, labels.pop(), confidence, REASON_OPEN)
+    if _REFUSAL.search(cleaned) or _only_hedged(cleaned, task):
+        return ParsedOpen(Outcome.ABSTAINED, None, confidence, REASON_UNSURE)
+    return ParsedOpen(Outcome.UNPARSEABLE, None, confidence, REASON_NO_ANSWER)
+
+
+def _only_hedged(text: str, task: str) -> bool:
+    """A tumour question answered only with hedges ("a tumour cannot be excluded")."""
+    from grader.findings import UNCERTAIN, finding_status
+
+    return task == "tumor_visible" and UNCERTAIN in finding_status(text).values()
+
+
+def clean_text(text: str) -> str:
+    """``text`` without reasoning blocks and markdown, as the parsers read it."""
+    return _clean(text or "")

@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from grader.regressions import ALERT_METRICS
+
 
 def _data_dir() -> Path:
     return Path(os.environ.get("VIGIL_DATA_DIR", "var"))
@@ -40,5 +42,12 @@ class GraderSettings(BaseSettings):
     """How often in-flight runs' point figures are recomputed."""
     transport_error_alert_rate: float = 0.05
     """A finished run whose transport-error rate exceeds this raises an alert."""
+    regression_margin: float = Field(default=0.05, ge=0.0)
+    """A run regresses on a metric only when the change against the model's previous run exceeds
+    this (and the paired 95% interval excludes zero in the bad direction)."""
+    regression_margins: dict[str, float] = Field(default_factory=dict)
+    """Per-metric margins overriding ``regression_margin``, e.g. ``{"ece": 0.03}`` (JSON)."""
+    regression_alert_metrics: tuple[str, ...] = ALERT_METRICS
+    """The metrics whose regressions raise alerts (others are compared and stored only)."""
     ready_file: Path | None = None
     """Where to write the bound ports as JSON once serving (for a parent process)."""

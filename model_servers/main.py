@@ -1,5 +1,8 @@
 """Run one model server: ``vigil serve model`` (or ``python -m model_servers.main``).
 
+One gRPC port serves Vigil's ModelService and the KServe v2 / Triton GRPCInferenceService; with
+``--openai-port`` an OpenAI-compatible HTTP endpoint runs on the same event loop.
+
 Flow: start gRPC (health NOT_SERVING) -> start metrics -> write the ready file -> load the backend
 in a thread -> SERVING -> wait for SIGTERM/SIGINT -> NOT_SERVING and a graceful stop. A model that
 cannot load ends the process with one line on stderr that names the path, and a non-zero status.
@@ -17,9 +20,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from model_servers import kserve
 from model_servers.backends import BACKENDS, UnknownBackend, create_backend
 from model_servers.backends.base import Backend, BackendLoadError
 from model_servers.metrics import ModelMetrics, start_metrics_server, stop_metrics_server
+from model_servers.openai_http import build_app, start_openai_server
 from model_servers.runtime import ModelRuntime
 from model_servers.servicer import SERVICE_NAME, ModelServicer, add_to_server
 from model_servers.settings import ModelServerSettings
@@ -48,28 +53,39 @@ async def serve(
         install_stop_signals(stop)
     registry = CollectorRegistry()
     metrics = ModelMetrics(registry, backend.name)
-    runtime = ModelRuntime(backend, max_images=settings.max_images)
+    runtime = ModelRuntime(backend, max_images=settings.max_images, batching=settings.batching())
     servicer = ModelServicer(runtime, metrics, settings.max_new_tokens)
+    kserve_servicer = kserve.KServeServicer(runtime, metrics, settings.max_new_tokens)
+
+    def register(server: Any) -> None:
+        add_to_server(servicer, server)
+        kserve.add_to_server(kserve_servicer, server)
+
     running = await start_server(
-        settings.host, settings.port, lambda server: add_to_server(servicer, server), [SERVICE_NAME]
+        settings.host, settings.port, register, [SERVICE_NAME, kserve.SERVICE_NAME]
     )
     metrics_server = None
+    http_runner = None
     pending: list[asyncio.Future[Any]] = []
     try:
         metrics_server, metrics_port = start_metrics_server(
             registry, settings.host, settings.metrics_port
         )
+        ports = {"grpc_port": running.port, "metrics_port": metrics_port}
+        if settings.openai_port is not None:
+            app = build_app(runtime, metrics, settings.max_new_tokens)
+            http_runner, ports["openai_port"] = await start_openai_server(
+                app, settings.host, settings.openai_port
+            )
         log.info(
-            "model server backend=%s grpc=%s:%d metrics=%d; loading",
+            "model server backend=%s grpc=%s:%d metrics=%d openai=%s; loading",
             backend.name,
             settings.host,
             running.port,
             metrics_port,
+            ports.get("openai_port", "off"),
         )
-        write_ready_file(
-            str(settings.ready_file) if settings.ready_file else None,
-            {"grpc_port": running.port, "metrics_port": metrics_port},
-        )
+        write_ready_file(str(settings.ready_file) if settings.ready_file else None, ports)
         load = asyncio.ensure_future(runtime.load())
         stopped = asyncio.ensure_future(stop.wait())
         pending += [load, stopped]
@@ -88,6 +104,8 @@ async def serve(
         for task in pending:
             task.cancel()
         metrics.set_ready(False)
+        if http_runner is not None:
+            await http_runner.cleanup()
         await graceful_stop(running)
         runtime.close()
         if metrics_server is not None:
@@ -128,12 +146,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, help="gRPC port; 0 lets the OS choose (default: 50061)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port; 0 lets the OS choose")
+    parser.add_argument(
+        "--openai-port",
+        type=int,
+        help="also serve OpenAI-compatible HTTP on this port; 0 lets the OS choose (default: off)",
+    )
     parser.add_argument("--seed", type=int, help="seed of the random baseline (default: 0)")
     parser.add_argument("--max-new-tokens", type=int, help="default new-token limit (default: 32)")
     parser.add_argument(
         "--latency-ms", type=float, help="simulated per-request latency of the random baseline"
     )
     parser.add_argument("--torch-threads", type=int, help="torch CPU threads for hf (0: default)")
+    parser.add_argument(
+        "--max-batch-size", type=int, help="most requests per generation call (default: 8)"
+    )
+    parser.add_argument(
+        "--max-queue-delay-ms", type=float, help="wait for a batch to fill (default: 10)"
+    )
+    parser.add_argument(
+        "--max-queue-size", type=int, help="waiting requests before RESOURCE_EXHAUSTED"
+    )
     parser.add_argument("--ready-file", type=Path, help="write the bound ports here as JSON")
 
 
@@ -144,10 +176,14 @@ _SETTING_FLAGS = (
     "host",
     "port",
     "metrics_port",
+    "openai_port",
     "seed",
     "max_new_tokens",
     "torch_threads",
     "latency_ms",
+    "max_batch_size",
+    "max_queue_delay_ms",
+    "max_queue_size",
     "ready_file",
 )
 
@@ -175,8 +211,10 @@ def add_serve_model_command(subparsers: argparse._SubParsersAction) -> None:
     """Add ``model`` to the ``vigil serve`` group."""
     parser = subparsers.add_parser(
         "model",
-        help="serve a model over Vigil's ModelService (gRPC)",
-        description="Serve one model over vigil.model.v1.ModelService with health and metrics.",
+        help="serve a model over Vigil's ModelService and KServe v2 (gRPC), optionally OpenAI HTTP",
+        description="Serve one model over vigil.model.v1.ModelService and the KServe v2 / Triton "
+        "inference.GRPCInferenceService on one port, with health and metrics; --openai-port adds "
+        "an OpenAI-compatible HTTP endpoint.",
     )
     add_serve_arguments(parser)
     parser.set_defaults(handler=_serve_handler)

@@ -2,8 +2,9 @@
 
 The servicer converts protobuf to the domain types here and back; the same runtime could sit
 behind HTTP. Loading runs in a daemon thread (a SIGTERM during a slow load still exits promptly);
-generation runs in one worker thread, so calls are serialised and the event loop (health checks,
-DescribeModel) always answers. Batching will replace the single worker.
+generation runs in one worker thread behind a dynamic batcher (``model_servers.batching``), so
+the event loop (health checks, DescribeModel) always answers. A backend with ``generate_batch``
+gets batches of up to ``max_batch_size`` requests; any other backend gets one request at a time.
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from model_servers.backends.base import Backend, GenerationInput, GenerationOutput, ModelInfo
+from model_servers.backends.base import (
+    Backend,
+    BatchBackend,
+    GenerationInput,
+    GenerationOutput,
+    ModelInfo,
+)
+from model_servers.batching import Batcher, BatchingConfig
 from model_servers.images import check_media_type, decode_image
 from rpc.errors import InvalidArgument, Unavailable
 
@@ -84,13 +91,26 @@ async def run_in_daemon_thread(fn: Callable[[], T], name: str) -> T:
 
 
 class ModelRuntime:
-    """One backend, its readiness, and the checks every request passes before it."""
+    """One backend, its readiness, the checks every request passes before it, and its batcher."""
 
-    def __init__(self, backend: Backend, *, max_images: int = 8) -> None:
+    def __init__(
+        self, backend: Backend, *, max_images: int = 8, batching: BatchingConfig | None = None
+    ) -> None:
         self.backend = backend
         self.max_images = max_images
         self._ready = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        config = batching or BatchingConfig()
+        self._batch_backend = backend if isinstance(backend, BatchBackend) else None
+        if self._batch_backend is None:  # one request at a time, no waiting for company
+            config = replace(config, max_batch_size=1, max_queue_delay_s=0.0)
+        self._batcher: Batcher[GenerationInput, Generation] = Batcher(
+            self._run_batch, config, name=f"generate-{backend.name}"
+        )
+
+    @property
+    def batching(self) -> BatchingConfig:
+        """The batching this runtime applies (batch size 1 for a backend without batches)."""
+        return self._batcher.config
 
     @property
     def ready(self) -> bool:
@@ -116,21 +136,51 @@ class ModelRuntime:
         """The served model, or None while it loads."""
         return self.backend.describe() if self._ready else None
 
-    async def generate(self, request: GenerationInput) -> Generation:
-        """Check and run one request in the generation worker."""
+    async def generate(
+        self, request: GenerationInput, *, timeout_s: float | None = None
+    ) -> Generation:
+        """Check and run one request through the batcher.
+
+        ``timeout_s`` (the caller's remaining deadline) bounds the time it may wait in the queue:
+        past it, the request is dropped with DEADLINE_EXCEEDED before it reaches the model. A
+        full queue is RESOURCE_EXHAUSTED; a cancelled call is dropped from the queue.
+        """
         if not self._ready:
             raise Unavailable("model is loading")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._generate_blocking, request)
+        return await self._batcher.submit(request, timeout_s)
 
-    def _generate_blocking(self, request: GenerationInput) -> Generation:
-        validate(request, self.max_images)
-        started = time.perf_counter()
-        output = self.backend.generate(request)
-        latency = time.perf_counter() - started
-        return Generation(output, self.backend.describe(), latency)
+    def _run_batch(self, requests: list[GenerationInput]) -> list[Generation | BaseException]:
+        """Runs in the batcher's thread: check each request, then generate the good ones."""
+        results: list[Generation | BaseException | None] = []
+        good: list[GenerationInput] = []
+        for request in requests:
+            try:
+                validate(request, self.max_images)
+            except InvalidArgument as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+                good.append(request)
+        if good:
+            started = time.perf_counter()
+            outputs = self._generate(good)
+            latency = time.perf_counter() - started
+            info = self.backend.describe()
+            produced = iter(outputs)
+            results = [
+                Generation(next(produced), info, latency) if r is None else r for r in results
+            ]
+        return [r for r in results if r is not None]
+
+    def _generate(self, requests: list[GenerationInput]) -> list[GenerationOutput]:
+        if self._batch_backend is not None and len(requests) > 1:
+            outputs = self._batch_backend.generate_batch(requests)
+            if len(outputs) != len(requests):
+                raise RuntimeError(f"{len(outputs)} outputs for {len(requests)} requests")
+            return outputs
+        return [self.backend.generate(request) for request in requests]
 
     def close(self) -> None:
-        """Drop queued work; a generation already running finishes in its thread."""
+        """Fail queued work with UNAVAILABLE; a generation already running finishes."""
         self._ready = False
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._batcher.close()

@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_servers.backends.base import BackendSettings
+from model_servers.batching import BatchingConfig
 
 
 class ModelServerSettings(BaseSettings):
@@ -33,6 +34,10 @@ class ModelServerSettings(BaseSettings):
     metrics_port: int = Field(default=9111, ge=0, le=65535)
     """The Prometheus metrics port; 0 lets the OS choose."""
 
+    openai_port: int | None = Field(default=None, ge=0, le=65535)
+    """Also serve an OpenAI-compatible HTTP endpoint (``/v1/chat/completions``, ``/v1/models``)
+    on this port; 0 lets the OS choose (see ``ready_file``); unset serves none."""
+
     seed: int = 0
     """Seed of the random baseline (the hf backend decodes greedily and needs none)."""
 
@@ -50,8 +55,27 @@ class ModelServerSettings(BaseSettings):
     max_images: int = Field(default=8, ge=0)
     """The most images one request may carry; more is INVALID_ARGUMENT."""
 
+    max_batch_size: int = Field(default=8, ge=1)
+    """Dynamic batching: the most requests one generation call takes (backends that batch, such
+    as hf; others always take one at a time). 1 turns batching off."""
+
+    max_queue_delay_ms: float = Field(default=10.0, ge=0.0)
+    """Dynamic batching: how long the first request of a batch waits for others to join it."""
+
+    max_queue_size: int = Field(default=256, ge=1)
+    """The most requests waiting for the model; more is RESOURCE_EXHAUSTED (retry later)."""
+
     ready_file: Path | None = None
-    """Where to write ``{"grpc_port": N, "metrics_port": M}`` once both ports are bound."""
+    """Where to write ``{"grpc_port": N, "metrics_port": M}`` (and ``"openai_port"`` when that
+    endpoint is on) once the ports are bound."""
+
+    def batching(self) -> BatchingConfig:
+        """The dynamic-batching part of these settings."""
+        return BatchingConfig(
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_s=self.max_queue_delay_ms / 1000.0,
+            max_queue_size=self.max_queue_size,
+        )
 
     def backend_settings(self) -> BackendSettings:
         """The part of these settings a backend sees."""

@@ -74,7 +74,9 @@ CORPUS = [
 ]
 
 
-def _train_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def train_tokenizer(
+    corpus: list[str] | None = None, vocab_size: int = 512
+):  # -> transformers.PreTrainedTokenizerFast
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -82,9 +84,9 @@ def _train_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=512, special_tokens=SPECIAL_TOKENS, show_progress=False
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False
     )
-    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.train_from_iterator(CORPUS if corpus is None else corpus, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",
@@ -95,15 +97,15 @@ def _train_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     )
 
 
-def _image_processor():  # -> a CLIP image processor
+def image_processor(size: int = IMAGE_SIZE):  # -> a CLIP image processor
     try:  # transformers 5 without torchvision: the PIL processor, without a fallback warning
         from transformers import CLIPImageProcessorPil as Processor
     except ImportError:  # pragma: no cover - older transformers
-        from transformers import CLIPImageProcessor as Processor
+        from transformers import CLIPImageProcessor as Processor  # type: ignore[assignment]
 
     return Processor(
-        size={"shortest_edge": IMAGE_SIZE},
-        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        size={"shortest_edge": size},
+        crop_size={"height": size, "width": size},
         do_center_crop=True,
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],
@@ -127,9 +129,9 @@ def build_tiny_llava(path: Path, seed: int = 0) -> Path:
 
     hf_logging.disable_progress_bar()
     path = Path(path)
-    tokenizer = _train_tokenizer()
+    tokenizer = train_tokenizer()
     processor = LlavaProcessor(
-        image_processor=_image_processor(),
+        image_processor=image_processor(),
         tokenizer=tokenizer,
         patch_size=PATCH_SIZE,
         vision_feature_select_strategy="default",

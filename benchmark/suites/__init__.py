@@ -16,7 +16,10 @@ from benchmark.errors import BenchmarkInvalid, BenchmarkNotFound
 
 Builder = Callable[..., tuple[pd.DataFrame, dict[str, bytes]]]
 
-SUITES: dict[str, str] = {"brain-mri": "benchmark.suites.brain_mri"}
+SUITES: dict[str, str] = {
+    "brain-mri": "benchmark.suites.brain_mri",
+    "cube": "benchmark.suites.cube",
+}
 """Suite name -> module providing ``SIZES`` and ``build(size, seed, progress)``."""
 
 

@@ -36,7 +36,8 @@ from scipy import ndimage
 
 PLANES: tuple[str, ...] = ("axial", "coronal", "sagittal")
 PLANE_AXIS: dict[str, int] = {"sagittal": 0, "coronal": 1, "axial": 2}
-GENERATED_SEQUENCES: tuple[str, ...] = ("T1", "T2", "FLAIR", "PD")
+GENERATED_SEQUENCES: tuple[str, ...] = ("T1", "T2", "FLAIR", "PD", "T1ce")
+"""Sequences the contrast model renders (the order fixes each one's noise stream)."""
 
 GRID_MARGIN = 8
 """Voxels of margin around the atlas brain's bounding box in each subject grid."""
@@ -44,8 +45,11 @@ GRID_MARGIN = 8
 # Base intensities per sequence (arbitrary units, before bias, gain and noise).
 # Healthy tissue: T1 WM > GM > CSF; T2 CSF > GM > WM; FLAIR suppresses CSF (GM > WM > CSF);
 # PD is flat (CSF ~ GM, slightly above WM). Lesion: necrotic core, enhancing rim, oedema.
+# T1ce is T1 after gadolinium: healthy tissue behind the blood-brain barrier does not change, the
+# enhancing rim becomes the brightest tissue in the slice, the necrotic core stays dark.
 CONTRAST: dict[str, dict[str, float]] = {
     "T1": {"csf": 0.15, "gm": 0.55, "wm": 0.85, "core": 0.20, "rim": 0.50, "edema": 0.42},
+    "T1ce": {"csf": 0.15, "gm": 0.55, "wm": 0.85, "core": 0.20, "rim": 1.30, "edema": 0.45},
     "T2": {"csf": 1.00, "gm": 0.62, "wm": 0.45, "core": 0.95, "rim": 0.70, "edema": 0.86},
     "FLAIR": {"csf": 0.08, "gm": 0.62, "wm": 0.45, "core": 0.45, "rim": 0.80, "edema": 0.95},
     "PD": {"csf": 0.78, "gm": 0.75, "wm": 0.62, "core": 0.85, "rim": 0.78, "edema": 0.86},
@@ -326,6 +330,7 @@ class Fields:
     lesion: np.ndarray  # bool: whole-tumour mask (core + rim + oedema) inside the brain mask
     texture: np.ndarray  # multiplicative intensity texture of the lesion (ones elsewhere)
     bias: np.ndarray
+    lateral: np.ndarray  # signed distance from the mid-sagittal plane, mm (+: subject's right)
 
     def render(self, subject: Subject, sequence: str) -> np.ndarray:
         """Noise-free intensity of these points in ``sequence``."""
@@ -337,7 +342,9 @@ class Fields:
         return (subject.gain * self.bias * value).astype(np.float32)
 
 
-_FIELD_NAMES = ("gm", "wm", "csf", "brain", "core", "rim", "edema", "lesion", "texture", "bias")
+_FIELD_NAMES = (
+    "gm", "wm", "csf", "brain", "core", "rim", "edema", "lesion", "texture", "bias", "lateral",
+)  # fmt: skip
 
 
 def sample_fields(subject: Subject, grid_points: np.ndarray, fortran: bool = False) -> Fields:
@@ -378,7 +385,8 @@ def sample_fields(subject: Subject, grid_points: np.ndarray, fortran: bool = Fal
     basis = np.stack([u[0], u[1], u[2], u[0] ** 2, u[1] ** 2, u[2] ** 2, u[0] * u[1],
                       u[0] * u[2], u[1] * u[2]])  # fmt: skip
     bias = np.exp(subject.bias @ basis).astype(np.float32)
-    arrays = (gm, wm, csf, brain, core, rim, edema, mask, texture, bias)
+    lateral = (atlas_pts[0] - atlas.midline_i).astype(np.float32)
+    arrays = (gm, wm, csf, brain, core, rim, edema, mask, texture, bias, lateral)
     return Fields(*(a.reshape(shape) for a in arrays))
 
 

@@ -1,10 +1,14 @@
-"""The ``brain-mri`` suite: slices of synthetic subjects on MNI152 anatomy, plus controls.
+"""The ``brain-mri`` suite: the brain-MRI audit protocol on synthetic subjects, plus controls.
 
-Every brain slice is asked four multiple-choice questions (sequence, plane, is_brain,
-tumor_visible); every control only is_brain. Labels come from how the image was made: the plane
-and depth from where the slice was cut, the sequence from the contrast it was rendered with, and
-tumor_visible from the lesion mask of that exact slice on the subject's 1 mm grid (at least
-:data:`TUMOR_MIN_VOXELS` whole-tumour voxels; the count is recorded in ``tumor_voxels``).
+Every brain slice is asked five questions (sequence, plane, is_brain, tumor_visible, laterality);
+every control is asked is_brain and the abstention prompt (right answer: ``UNSURE``). Each
+question is asked in the size's formats (multiple choice, open-ended) and phrasings (neutral,
+terse, clinician). Labels come from how the image was made: plane and depth from where the slice
+was cut, the sequence from the contrast it was rendered with, tumor_visible, laterality and the
+supported findings from the lesion mask of that exact slice (:mod:`benchmark.suites.labels`).
+
+Subjects are split by subject into ``train`` and ``audit`` (stratified by tumour status; controls
+are always ``audit``): the gateway replays audit items, a reference model may train on the rest.
 
 Everything is drawn from generators seeded by ``(seed, purpose, index...)``, so the same seed gives
 byte-identical images and manifest whatever the order or process subjects are built in.
@@ -14,32 +18,34 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import multiprocessing
 import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from benchmark import format as fmt
-from benchmark.prompts import TASK_OPTIONS, build_prompt
 from benchmark.suites import anatomy
-from benchmark.suites.controls import ControlImage, ControlPlan, build_controls
-from benchmark.suites.imaging import to_image
+from benchmark.suites.controls import ControlImage, ControlPlan, MriSlice, build_controls
+from benchmark.suites.imaging import pad_square, to_image
+from benchmark.suites.items import Question, image_items
+from benchmark.suites.labels import TUMOR_MIN_VOXELS as TUMOR_MIN_VOXELS
+from benchmark.suites.labels import SliceLabels, slice_labels
 
 SUITE = "brain-mri"
-TUMOR_MIN_VOXELS = 25
-BRAIN_TASKS: tuple[str, ...] = ("sequence", "plane", "is_brain", "tumor_visible")
-CONTROL_TASKS: tuple[str, ...] = ("is_brain",)
-PHRASING = "neutral"
-ITEM_FORMAT = "mc"
+BRAIN_TASKS: tuple[str, ...] = ("sequence", "plane", "is_brain", "tumor_visible", "laterality")
+CONTROL_TASKS: tuple[str, ...] = ("is_brain", "abstention")
+SEQUENCES: tuple[str, ...] = ("T1", "T1ce", "T2", "FLAIR", "PD")
+"""Sequences the suite renders. MRA and DWI stay distractor options only: the tissue-contrast
+model has no flowing blood or diffusion to render them from."""
 DATASET = "mni152-synthetic"
 _LESION_SIDES = ("left", "right", "midline", "left", "right")
+_CORRUPT_INDEX = 100_000  # subject indices of the healthy subjects corrupted controls come from
 
 
 @dataclass(frozen=True)
@@ -49,53 +55,98 @@ class SizeSpec:
     subjects: int
     tumor_subjects: int
     depths: tuple[float, ...]
-    sequence_pool: tuple[str, ...]
-    sequences_per_subject: int
+    healthy_sequences: tuple[int, int]  # (sequences a healthy subject has, rendered per position)
+    tumor_sequences: tuple[int, int]  # the same for a tumour-bearing subject
     lesion_classes: tuple[str, ...]
     lesion_band: tuple[tuple[float, float], tuple[float, float]]
     controls: ControlPlan
+    formats: tuple[str, ...]
+    phrasings: tuple[str, ...]  # asked on every image
+    extra_phrasings: tuple[str, ...]  # asked on a subset of subjects and on every control
+    extra_fraction: float  # share of subjects asked the extra phrasings
+    train_fraction: float  # share of subjects (per tumour status) in the train split
 
+
+# For tests and `make run`: 12 subjects (6 with a tumour), 4 of them (2 with a tumour) in the
+# train split. A run replays the audit split: 8 subjects x 6 slices x 5 tasks + 13 controls x 2
+# tasks = 266 items; the train split adds 120. Multiple choice with the neutral phrasing only.
+# Lesions are medium or large and centred near the middle of the brain, so depth-0.5 axial and
+# coronal slices of tumour-bearing subjects cut them.
+_SMALL = SizeSpec(
+    subjects=12,
+    tumor_subjects=6,
+    depths=(0.5,),
+    healthy_sequences=(2, 2),
+    tumor_sequences=(2, 2),
+    lesion_classes=("medium", "large"),
+    lesion_band=((0.42, 0.58), (0.42, 0.58)),
+    controls=ControlPlan(
+        dicom_variants=("original",), noise=(2, 1, 1), blank=1, corrupted=(1, 1, 1)
+    ),
+    formats=("mc",),
+    phrasings=("neutral",),
+    extra_phrasings=(),
+    extra_fraction=0.0,
+    train_fraction=1 / 3,
+)
 
 SIZES: dict[str, SizeSpec] = {
-    # About 300 items in a few seconds. Lesions are medium or large and centred near the middle of
-    # the brain, so depth-0.5 axial and coronal slices of tumour-bearing subjects cut them.
-    "small": SizeSpec(
-        subjects=8,
-        tumor_subjects=4,
-        depths=(0.5,),
-        sequence_pool=("T1", "T2", "FLAIR"),
-        sequences_per_subject=3,
-        lesion_classes=("medium", "large"),
-        lesion_band=((0.42, 0.58), (0.42, 0.58)),
-        controls=ControlPlan(dicom_variants=("original",), noise=(2, 1, 1), blank=1),
+    "small": _SMALL,
+    # The same images and split with every format and phrasing (2,316 items): the whole
+    # protocol, small.
+    "small-full": replace(
+        _SMALL, formats=("mc", "open"), extra_phrasings=("terse", "clinician"), extra_fraction=1.0
     ),
-    # The paper's scale: 250 subjects (150 with a tumour), 3 planes x 3 depths x 2 sequences each,
-    # 4,500 slices, and 70 controls.
+    # The paper's scale: 250 subjects, 150 tumour-bearing (BraTS-like: 4 of the 5 sequences, one
+    # per slice position, 9 slices) and 100 healthy (IXI-like: 3 sequences at every position, 27
+    # slices): 4,050 slices and 85 controls, 4,135 images. Every slice and control is asked every
+    # task in both formats with the neutral phrasing; the terse and clinician phrasings are asked
+    # on a seeded 20% of subjects and on every control (57,000 items or so).
     "paper": SizeSpec(
         subjects=250,
         tumor_subjects=150,
         depths=(0.4, 0.5, 0.6),
-        sequence_pool=("T1", "T2", "FLAIR", "PD"),
-        sequences_per_subject=2,
-        lesion_classes=("small", "medium", "large"),
-        lesion_band=((0.2, 0.8), (0.35, 0.8)),
+        healthy_sequences=(3, 3),
+        tumor_sequences=(4, 1),
+        # Large lesions twice as likely, centred in the middle third of the brain: about 56% of a
+        # tumour subject's slices show the tumour (BraTS in the paper: 840 of 1,350).
+        lesion_classes=("small", "medium", "large", "large"),
+        lesion_band=((0.35, 0.65), (0.42, 0.62)),
         controls=ControlPlan(
             dicom_variants=("original", "mirrored", "cropped", "rotated"),
             noise=(14, 13, 13),
             blank=10,
+            corrupted=(5, 5, 5),
         ),
+        formats=("mc", "open"),
+        phrasings=("neutral",),
+        extra_phrasings=("terse", "clinician"),
+        extra_fraction=0.2,
+        train_fraction=0.2,
     ),
 }
 
 
 @dataclass(frozen=True)
 class SubjectPlan:
-    """Which sequences a subject is imaged with and whether (and where) it has a lesion."""
+    """How a subject is imaged, whether (and where) it has a lesion, and its split."""
 
     index: int
-    sequences: tuple[str, ...]
+    sequences: tuple[str, ...]  # the sequences the subject was imaged with
+    per_position: int  # how many of them are rendered at each slice position
     lesion_side: str | None
     lesion_class: str
+    split: str
+    extra_phrasings: bool
+
+    @property
+    def subject_id(self) -> str:
+        return f"sub-{self.index + 1:04d}"
+
+    def sequences_at(self, position: int) -> tuple[str, ...]:
+        """The sequences rendered at slice position ``position`` (cycling through the subject's)."""
+        n, k = len(self.sequences), self.per_position
+        return tuple(self.sequences[(position * k + j) % n] for j in range(k))
 
 
 @dataclass(frozen=True)
@@ -106,8 +157,12 @@ class SliceImage:
     plane: str
     depth: float
     sequence: str
-    tumor_voxels: int
+    labels: SliceLabels
     png: bytes
+
+    @property
+    def tumor_voxels(self) -> int:
+        return self.labels.tumor_voxels
 
 
 def size_spec(size: str) -> SizeSpec:
@@ -119,26 +174,63 @@ def size_spec(size: str) -> SizeSpec:
         ) from None
 
 
+def _pick_sequences(rng: np.random.Generator, count: int, carry: list[str]) -> tuple[str, ...]:
+    """``count`` distinct sequences from a stream of seeded permutations of :data:`SEQUENCES`
+    (``carry`` holds the stream's unused rest), so that every sequence is used about equally."""
+    picked: list[str] = []
+    while len(picked) < count:
+        if not carry:
+            carry.extend(SEQUENCES[i] for i in rng.permutation(len(SEQUENCES)))
+        candidate = carry.pop(0)
+        if candidate not in picked:
+            picked.append(candidate)
+    return tuple(picked)
+
+
+def _stratified(rng: np.random.Generator, groups: list[list[int]], fraction: float) -> set[int]:
+    """A seeded ``fraction`` of each group's members (rounded)."""
+    chosen: set[int] = set()
+    for members in groups:
+        count = int(round(fraction * len(members)))
+        chosen.update(int(members[i]) for i in rng.permutation(len(members))[:count])
+    return chosen
+
+
 @functools.lru_cache(maxsize=8)
 def plan_subjects(size: str, seed: int) -> tuple[SubjectPlan, ...]:
-    """The subjects of one size and seed (which have tumours, which sequences, lesion sides)."""
+    """The subjects of one size and seed: tumours, sequences, lesion sides, split, phrasings."""
     spec = size_spec(size)
     rng = np.random.default_rng([seed, 2])
     tumor = set(rng.permutation(spec.subjects)[: spec.tumor_subjects].tolist())
+    seq_rng = np.random.default_rng([seed, 7])
+    carry: list[str] = []
+    groups = [
+        [i for i in range(spec.subjects) if i in tumor],
+        [i for i in range(spec.subjects) if i not in tumor],
+    ]
+    train = _stratified(np.random.default_rng([seed, 8]), groups, spec.train_fraction)
+    extra = _stratified(np.random.default_rng([seed, 9]), groups, spec.extra_fraction)
     plans = []
     rank = 0
     for index in range(spec.subjects):
-        if spec.sequences_per_subject >= len(spec.sequence_pool):
-            sequences = spec.sequence_pool
-        else:
-            picked = rng.choice(len(spec.sequence_pool), spec.sequences_per_subject, replace=False)
-            sequences = tuple(spec.sequence_pool[i] for i in sorted(picked.tolist()))
         lesion_class = spec.lesion_classes[int(rng.integers(len(spec.lesion_classes)))]
         side = None
+        count, per_position = spec.healthy_sequences
         if index in tumor:
             side = _LESION_SIDES[rank % len(_LESION_SIDES)]
             rank += 1
-        plans.append(SubjectPlan(index, sequences, side, lesion_class))
+            count, per_position = spec.tumor_sequences
+        plans.append(
+            SubjectPlan(
+                index=index,
+                sequences=_pick_sequences(seq_rng, count, carry),
+                per_position=per_position,
+                lesion_side=side,
+                lesion_class=lesion_class,
+                split="train" if index in train else "audit",
+                extra_phrasings=index in extra,
+            )
+        )
     return tuple(plans)
 
 
@@ -153,6 +245,11 @@ def subject_for(size: str, seed: int, index: int) -> anatomy.Subject:
         lesion_class=plan.lesion_class,
         lesion_band=size_spec(size).lesion_band,
     )
+
+
+def positions(size: str) -> list[tuple[str, float]]:
+    """The slice positions of a size, in order: (plane, depth)."""
+    return [(plane, depth) for plane in anatomy.PLANES for depth in size_spec(size).depths]
 
 
 def noise_rng(
@@ -171,6 +268,10 @@ def noise_rng(
     )
 
 
+def _canvas() -> int:
+    return max(anatomy.load_atlas().grid_shape)
+
+
 def slice_pixels(sample: anatomy.SliceSample, sequence: str) -> np.ndarray:
     """The stored 128x128 uint8 image of a slice in ``sequence`` (noise, normalise, pad, resize).
 
@@ -178,22 +279,43 @@ def slice_pixels(sample: anatomy.SliceSample, sequence: str) -> np.ndarray:
     distance in every plane.
     """
     noisy = sample.render(sequence, noise_rng(sample.subject, sample.plane, sample.depth, sequence))
-    return to_image(noisy, canvas=max(anatomy.load_atlas().grid_shape))
+    return to_image(noisy, canvas=_canvas())
+
+
+def labels_of(sample: anatomy.SliceSample) -> SliceLabels:
+    """The labels of a cut slice, from its own lesion mask."""
+    f = sample.fields
+    return slice_labels(f.lesion, f.lateral, f.core, sample.plane)
 
 
 def render_subject(size: str, seed: int, index: int) -> list[SliceImage]:
-    """All slices of one subject, in plane, depth, sequence order."""
-    spec = size_spec(size)
+    """All slices of one subject, in position (plane, depth) then sequence order."""
+    plan = plan_subjects(size, seed)[index]
     subject = subject_for(size, seed, index)
     out = []
-    for plane in anatomy.PLANES:
-        for depth in spec.depths:
-            sample = anatomy.extract_slice(subject, plane, depth)
-            for sequence in subject.sequences:
-                png = fmt.encode_png(slice_pixels(sample, sequence))
-                out.append(
-                    SliceImage(subject.subject_id, plane, depth, sequence, sample.tumor_voxels, png)
-                )
+    for position, (plane, depth) in enumerate(positions(size)):
+        sample = anatomy.extract_slice(subject, plane, depth)
+        labels = labels_of(sample)
+        for sequence in plan.sequences_at(position):
+            png = fmt.encode_png(slice_pixels(sample, sequence))
+            out.append(SliceImage(subject.subject_id, plane, depth, sequence, labels, png))
+    return out
+
+
+def corrupted_sources(size: str, seed: int) -> list[MriSlice]:
+    """The brain slices the corrupted controls are made from: one per corrupted control, each of
+    its own healthy subject (not part of the suite), at a seeded plane, depth and sequence."""
+    spec = size_spec(size)
+    out = []
+    for m in range(sum(spec.controls.corrupted)):
+        rng = np.random.default_rng([seed, 6, m])
+        plane = anatomy.PLANES[int(rng.integers(len(anatomy.PLANES)))]
+        depth = (0.4, 0.5, 0.6)[int(rng.integers(3))]
+        sequence = SEQUENCES[int(rng.integers(len(SEQUENCES)))]
+        subject = anatomy.make_subject(seed, _CORRUPT_INDEX + m, sequences=(sequence,))
+        sample = anatomy.extract_slice(subject, plane, depth)
+        noisy = sample.render(sequence, noise_rng(subject, plane, depth, sequence))
+        out.append(MriSlice(pad_square(noisy, _canvas()), plane, sequence, depth))
     return out
 
 
@@ -223,39 +345,21 @@ def _rendered(size: str, seed: int, workers: int) -> Iterator[Iterator[list[Slic
         yield pool.map(_render_job, jobs, chunksize=4)  # submits every job now
 
 
-def _option_order(seed: int, item_id: str, options: tuple[str, ...]) -> list[str]:
-    key = int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:8], "big")
-    order = np.random.default_rng([seed, 4, key]).permutation(len(options))
-    return [options[i] for i in order]
-
-
-def _item(seed: int, item_id: str, task: str, answer: str, base: dict) -> dict:
-    options = _option_order(seed, item_id, TASK_OPTIONS[task])
-    return {
-        "item_id": item_id,
-        **base,
-        "task": task,
-        "format": ITEM_FORMAT,
-        "phrasing": PHRASING,
-        "prompt": build_prompt(task, options, phrasing=PHRASING, item_format=ITEM_FORMAT),
-        "options": options,
-        "answer": answer,
-        "answer_letter": fmt.letter(options.index(answer)),
-        "option_order": fmt.OPTION_SEPARATOR.join(options),
-    }
-
-
 def slice_answers(image: SliceImage) -> dict[str, str]:
     """The correct answer to each brain-slice task."""
     return {
         "sequence": image.sequence,
         "plane": image.plane,
         "is_brain": "yes",
-        "tumor_visible": "yes" if image.tumor_voxels >= TUMOR_MIN_VOXELS else "no",
+        "tumor_visible": "yes" if image.labels.tumor_visible else "no",
+        "laterality": image.labels.laterality,
     }
 
 
-def slice_rows(seed: int, image: SliceImage, image_path: str) -> list[dict]:
+def slice_rows(
+    seed: int, image: SliceImage, image_path: str, plan: SubjectPlan, spec: SizeSpec
+) -> list[dict]:
+    """The items about one brain slice."""
     variant = f"{image.subject_id}_{image.sequence}_{image.plane}_d{round(image.depth * 100):03d}"
     base = {
         "subject_id": image.subject_id,
@@ -269,15 +373,20 @@ def slice_rows(seed: int, image: SliceImage, image_path: str) -> list[dict]:
         "sequence": image.sequence,
         "depth": float(image.depth),
         "tumor_voxels": int(image.tumor_voxels),
+        "laterality": image.labels.laterality,
+        "supported_findings": list(image.labels.findings),
+        "split": plan.split,
+        "image_missing": False,
+        "source_json": "",
     }
     answers = slice_answers(image)
-    return [
-        _item(seed, f"{variant}_{task}_{ITEM_FORMAT}_{PHRASING}", task, answers[task], base)
-        for task in BRAIN_TASKS
-    ]
+    questions = [Question(task, answers[task]) for task in BRAIN_TASKS]
+    phrasings = spec.phrasings + (spec.extra_phrasings if plan.extra_phrasings else ())
+    return image_items(seed, variant, questions, base, spec.formats, phrasings)
 
 
-def control_rows(seed: int, control: ControlImage, image_path: str) -> list[dict]:
+def control_rows(seed: int, control: ControlImage, image_path: str, spec: SizeSpec) -> list[dict]:
+    """The items about one control: is_brain (yes only for a corrupted MRI) and abstention."""
     base = {
         "subject_id": control.subject_id,
         "image_path": image_path,
@@ -286,15 +395,22 @@ def control_rows(seed: int, control: ControlImage, image_path: str) -> list[dict
         "modality": control.modality,
         "anatomy": control.anatomy,
         "dataset": control.dataset,
-        "plane": "",
-        "sequence": "",
-        "depth": float("nan"),
+        "plane": control.plane,
+        "sequence": control.sequence,
+        "depth": float(control.depth),
         "tumor_voxels": -1,
+        "laterality": "",
+        "supported_findings": [],
+        "split": "audit",
+        "image_missing": False,
+        "source_json": "",
     }
-    return [
-        _item(seed, f"{control.subject_id}_{task}_{ITEM_FORMAT}_{PHRASING}", task, "no", base)
-        for task in CONTROL_TASKS
+    questions = [
+        Question("is_brain", "yes" if control.is_brain else "no"),
+        Question("abstention", fmt.UNSURE),
     ]
+    phrasings = spec.phrasings + spec.extra_phrasings
+    return image_items(seed, control.subject_id, questions, base, spec.formats, phrasings)
 
 
 def build(
@@ -306,6 +422,7 @@ def build(
     the output does not depend on it.
     """
     spec = size_spec(size)
+    plans = plan_subjects(size, seed)
     if workers is None:
         workers = min(os.cpu_count() or 1, 4) if spec.subjects > 32 else 1
     rows: list[dict] = []
@@ -320,17 +437,25 @@ def build(
             leave=False,
         ) as bar,
     ):
-        for slices in rendered:
+        for plan, slices in zip(plans, rendered, strict=True):
             for image in slices:
                 path = fmt.image_path_for(image.png)
                 images[path] = image.png
-                rows.extend(slice_rows(seed, image, path))
+                rows.extend(slice_rows(seed, image, path, plan, spec))
             bar.update(1)
-        for control in build_controls(seed, spec.controls):
+        for control in build_controls(seed, spec.controls, corrupted_sources(size, seed)):
             path = fmt.image_path_for(control.png)
             images[path] = control.png
-            rows.extend(control_rows(seed, control, path))
+            rows.extend(control_rows(seed, control, path, spec))
         bar.update(1)
     manifest = pd.DataFrame.from_records(rows, columns=list(fmt.COLUMNS))
-    manifest = manifest.astype({"is_control": bool, "depth": "float64", "tumor_voxels": "int64"})
+    manifest = manifest.astype(
+        {
+            "is_control": bool,
+            "image_missing": bool,
+            "expect_abstain": bool,
+            "depth": "float64",
+            "tumor_voxels": "int64",
+        }
+    )
     return manifest, images

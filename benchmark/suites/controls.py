@@ -1,6 +1,6 @@
-"""Negative controls: images that are not brain MRI, to test whether a model says so or abstains.
+"""Negative controls: images a model should not read as a diagnostic brain MRI.
 
-Three kinds, each control its own subject:
+Four kinds, each control its own subject:
 
 - ``dicom``: real non-brain medical images from the test files pydicom ships (a chest CT, an
   abdominal MR, three ultrasound studies). Each source is kept only if its own metadata shows it is
@@ -8,18 +8,24 @@ Three kinds, each control its own subject:
   uncompressed, so no optional codec (pylibjpeg, GDCM) can change what a build contains.
 - ``noise``: gaussian, salt-and-pepper and uniform noise.
 - ``blank``: a constant grey level.
+- ``corrupted``: a brain MRI slice (of a healthy synthetic subject that appears nowhere else)
+  ruined by an acquisition artefact: heavy blur, motion ghosting, or a k-space spike
+  (:func:`corrupt`). It is still an image of a brain made by MRI, so its ``is_brain`` answer is
+  "yes"; it is not of diagnostic quality, so the abstention prompt expects ``UNSURE`` on it like
+  on every other control.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from benchmark.format import encode_png
-from benchmark.suites.imaging import IMAGE_SIZE, normalise, pad_square, resize
+from benchmark.suites.imaging import IMAGE_SIZE, normalise, pad_square, resize, to_image
 
 if TYPE_CHECKING:
     from pydicom import Dataset
@@ -44,6 +50,7 @@ DICOM_SOURCES: tuple[DicomSource, ...] = (
 
 DICOM_VARIANTS: tuple[str, ...] = ("original", "mirrored", "cropped", "rotated")
 NOISE_KINDS: tuple[str, ...] = ("gaussian", "salt_and_pepper", "uniform")
+CORRUPTIONS: tuple[str, ...] = ("blur", "ghosting", "spike")
 
 _HEAD_WORDS = ("HEAD", "BRAIN", "SKULL", "CRAN", "NEURO", "CEREB", "CQ500")
 _NON_HEAD_IMAGE_TYPES = {
@@ -60,12 +67,30 @@ class ControlImage:
     """One control image, ready to store."""
 
     subject_id: str
-    kind: str  # "dicom", "noise" or "blank"
-    detail: str  # source file and variant, noise kind, or grey level
+    kind: str  # "dicom", "noise", "blank" or "corrupted"
+    detail: str  # source file and variant, noise kind, grey level, or corruption
     modality: str
     anatomy: str
     dataset: str
     png: bytes
+    plane: str = ""  # corrupted MRI only: where the source slice was cut and how it was rendered
+    sequence: str = ""
+    depth: float = float("nan")
+
+    @property
+    def is_brain(self) -> bool:
+        """Whether the image shows a brain (only a corrupted MRI does)."""
+        return self.kind == "corrupted"
+
+
+@dataclass(frozen=True)
+class MriSlice:
+    """A rendered brain slice to corrupt: float intensities on the square canvas, and metadata."""
+
+    values: np.ndarray
+    plane: str
+    sequence: str
+    depth: float
 
 
 @dataclass(frozen=True)
@@ -75,10 +100,12 @@ class ControlPlan:
     dicom_variants: tuple[str, ...]
     noise: tuple[int, int, int]  # gaussian, salt-and-pepper, uniform
     blank: int
+    corrupted: tuple[int, int, int] = (0, 0, 0)  # blur, ghosting, k-space spike
 
     @property
     def count(self) -> int:
-        return len(DICOM_SOURCES) * len(self.dicom_variants) + sum(self.noise) + self.blank
+        dicom = len(DICOM_SOURCES) * len(self.dicom_variants)
+        return dicom + sum(self.noise) + self.blank + sum(self.corrupted)
 
 
 def non_brain_evidence(ds: Dataset) -> str | None:
@@ -175,8 +202,52 @@ def _noise(kind: str, rng: np.random.Generator) -> np.ndarray:
     return np.clip(np.floor(values), 0, 255).astype(np.uint8)
 
 
-def build_controls(seed: int, plan: ControlPlan) -> list[ControlImage]:
-    """The controls of one benchmark, in a fixed order, each from its own seeded generator."""
+def corrupt(values: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """A square float image ruined by one acquisition artefact (magnitude, same shape).
+
+    - ``blur``: a gaussian blur of 5-8 voxels sigma, which wipes out every edge a reader needs.
+    - ``ghosting``: periodic motion during the acquisition: each phase-encode line of k-space is
+      shifted by a sinusoidal displacement of 4-10 voxels, which replicates the head as ghosts
+      along the phase-encode direction.
+    - ``spike``: one corrupt k-space sample far from the centre, strong enough that its stripe
+      pattern covers the whole image (a "herringbone" artefact).
+    """
+    from scipy import ndimage
+
+    values = np.asarray(values, dtype=np.float64)
+    if kind == "blur":
+        return ndimage.gaussian_filter(values, sigma=rng.uniform(5.0, 8.0), mode="constant")
+    k = np.fft.fft2(values)
+    n_rows, n_cols = values.shape
+    if kind == "ghosting":
+        ky = np.fft.fftfreq(n_rows)[:, None]  # cycles per voxel along the phase-encode axis
+        kx = np.fft.fftfreq(n_cols)[None, :]
+        period = rng.uniform(3.0, 8.0)  # phase-encode lines per motion cycle
+        line = np.arange(n_rows)[:, None]
+        shift = rng.uniform(4.0, 10.0) * np.sin(2 * np.pi * line / period + rng.uniform(0, 6.3))
+        k = k * np.exp(-2j * np.pi * (ky * shift + kx * 0.3 * shift))
+    elif kind == "spike":
+        row = int(rng.integers(n_rows // 10, n_rows // 4)) * int(rng.choice([-1, 1]))
+        col = int(rng.integers(n_cols // 10, n_cols // 4)) * int(rng.choice([-1, 1]))
+        strength = rng.uniform(1.0, 2.0) * np.abs(values).sum()
+        k[row, col] += strength * np.exp(1j * rng.uniform(0, 2 * np.pi))
+    else:
+        raise ValueError(f"unknown corruption {kind!r}; known: {', '.join(CORRUPTIONS)}")
+    return np.abs(np.fft.ifft2(k))
+
+
+def build_controls(
+    seed: int, plan: ControlPlan, mri_slices: Sequence[MriSlice] = ()
+) -> list[ControlImage]:
+    """The controls of one benchmark, in a fixed order, each from its own seeded generator.
+
+    ``mri_slices`` are the brain slices to corrupt, one per corrupted control in plan order
+    (``sum(plan.corrupted)`` of them).
+    """
+    if len(mri_slices) != sum(plan.corrupted):
+        raise ValueError(
+            f"the plan corrupts {sum(plan.corrupted)} MRI slices, {len(mri_slices)} were given"
+        )
     controls: list[ControlImage] = []
     k = 0
     for variant in plan.dicom_variants:
@@ -225,4 +296,25 @@ def build_controls(seed: int, plan: ControlPlan) -> list[ControlImage]:
                 png=encode_png(np.full((IMAGE_SIZE, IMAGE_SIZE), level, dtype=np.uint8)),
             )
         )
+    m = 0
+    for kind, count in zip(CORRUPTIONS, plan.corrupted, strict=True):
+        for _ in range(count):
+            mri = mri_slices[m]
+            m += 1
+            rng = np.random.default_rng([seed, 3, 3, m])
+            pixels = to_image(corrupt(mri.values, kind, rng), canvas=mri.values.shape[0])
+            controls.append(
+                ControlImage(
+                    subject_id=f"control-corrupt-{m:03d}",
+                    kind="corrupted",
+                    detail=f"{kind}:{mri.sequence}:{mri.plane}",
+                    modality="MR",
+                    anatomy="brain",
+                    dataset="mni152-synthetic-corrupted",
+                    png=encode_png(pixels),
+                    plane=mri.plane,
+                    sequence=mri.sequence,
+                    depth=mri.depth,
+                )
+            )
     return controls

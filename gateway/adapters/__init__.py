@@ -11,11 +11,15 @@ from gateway.adapters.base import (
     ModelIdentity,
     ModelReply,
 )
+from gateway.adapters.kserve import KServeAdapter
+from gateway.adapters.openai import OpenAIAdapter
 from gateway.adapters.vigil_grpc import VigilAdapter
 from rpc.errors import InvalidArgument
 
 ADAPTERS: dict[str, Callable[[AdapterTarget], ModelAdapter]] = {
     "vigil": VigilAdapter,
+    "kserve_v2": KServeAdapter,
+    "openai": OpenAIAdapter,
 }
 
 
@@ -32,6 +36,7 @@ def create_adapter(protocol: str, target: AdapterTarget) -> ModelAdapter:
 __all__ = [
     "ADAPTERS",
     "AdapterError",
+    "AdapterTarget",
     "ModelAdapter",
     "ModelIdentity",
     "ModelReply",

@@ -26,7 +26,7 @@ import hashlib
 import json
 
 import numpy as np
-from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2
+from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2, service_pb2
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
@@ -38,7 +38,7 @@ MAX_TOKENS = 64
 its confidence short)."""
 
 _RETRYABLE = {"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"}
-_SAMPLING = json.dumps({"max_tokens": MAX_TOKENS, "temperature": 0}).encode("utf-8")
+SAMPLING_PARAMETERS = json.dumps({"max_tokens": MAX_TOKENS, "temperature": 0}).encode("utf-8")
 
 
 def _error(exc: InferenceServerException) -> AdapterError:
@@ -63,16 +63,24 @@ def _latest(versions: list[str]) -> str:
     return versions[-1] if versions else ""
 
 
-def _bytes_input(name: str, values: list[bytes]) -> InferInput:
+def bytes_input(name: str, values: list[bytes]) -> InferInput:
     tensor = InferInput(name, [len(values)], "BYTES")
     tensor.set_data_from_numpy(np.array(values, dtype=np.object_))
     return tensor
 
 
-def _bool_input(name: str, value: bool) -> InferInput:
+def bool_input(name: str, value: bool) -> InferInput:
     tensor = InferInput(name, [1], "BOOL")
     tensor.set_data_from_numpy(np.array([value], dtype=np.bool_))
     return tensor
+
+
+def prompt_text(template: str, image_token: str, prompt: str, image_count: int) -> str:
+    """The ``text_input`` for ``prompt``: the model config's template (``{images}``, then
+    ``{prompt}``) filled in, or the prompt itself when the config has none."""
+    if not template:
+        return prompt
+    return template.replace("{images}", image_token * image_count).replace("{prompt}", prompt)
 
 
 class KServeAdapter:
@@ -91,6 +99,11 @@ class KServeAdapter:
         self._template = ""
         self._image_token = ""
         self._decoupled = False
+        # The same for every request; InferInput is only read when a request is built.
+        self._fixed_inputs = [
+            bytes_input("sampling_parameters", [SAMPLING_PARAMETERS]),
+            bool_input("exclude_input_in_output", True),
+        ]
 
     @property
     def client(self) -> InferenceServerClient:
@@ -115,8 +128,14 @@ class KServeAdapter:
         config = reply.config
         params = config.parameters
         self._digest = config_digest(config)
-        self._template = params["vigil_prompt_template"].string_value if "vigil_prompt_template" in params else ""
-        self._image_token = params["vigil_image_token"].string_value if "vigil_image_token" in params else ""
+        self._template = (
+            params["vigil_prompt_template"].string_value
+            if "vigil_prompt_template" in params
+            else ""
+        )
+        self._image_token = (
+            params["vigil_image_token"].string_value if "vigil_image_token" in params else ""
+        )
         self._decoupled = config.model_transaction_policy.decoupled
 
     async def describe(self, timeout_s: float) -> ModelIdentity:
@@ -127,9 +146,7 @@ class KServeAdapter:
                 return ModelIdentity("", pinned, ready=False)
             if not await self.client.is_model_ready(name, pinned, client_timeout=timeout_s):
                 return ModelIdentity(name, pinned, ready=False)
-            metadata = await self.client.get_model_metadata(
-                name, pinned, client_timeout=timeout_s
-            )
+            metadata = await self.client.get_model_metadata(name, pinned, client_timeout=timeout_s)
             version = pinned or _latest(list(metadata.versions))
             await self._config(name, pinned, timeout_s)
         except InferenceServerException as exc:
@@ -138,10 +155,7 @@ class KServeAdapter:
         return ModelIdentity(name, version, ready=True, config_digest=self._digest)
 
     def _text(self, prompt: str, image_count: int) -> str:
-        if not self._template:
-            return prompt
-        images = self._image_token * image_count
-        return self._template.replace("{images}", images).replace("{prompt}", prompt)
+        return prompt_text(self._template, self._image_token, prompt, image_count)
 
     async def generate(
         self,
@@ -156,11 +170,10 @@ class KServeAdapter:
                     identity = await self.describe(timeout_s)
                     if not identity.ready:
                         raise AdapterError("UNAVAILABLE: model is not ready", retryable=True)
-        inputs = [_bytes_input("text_input", [self._text(prompt, len(images)).encode("utf-8")])]
+        inputs = [bytes_input("text_input", [self._text(prompt, len(images)).encode("utf-8")])]
         if images:
-            inputs.append(_bytes_input("image", [base64.b64encode(data) for data, _ in images]))
-        inputs.append(_bytes_input("sampling_parameters", [_SAMPLING]))
-        inputs.append(_bool_input("exclude_input_in_output", True))
+            inputs.append(bytes_input("image", [base64.b64encode(data) for data, _ in images]))
+        inputs += self._fixed_inputs
         outputs = [InferRequestedOutput("text_output")]
         try:
             if self._decoupled:
@@ -187,7 +200,7 @@ class KServeAdapter:
         outputs: list[InferRequestedOutput],
         request_id: str,
         timeout_s: float,
-    ) -> tuple[object, str]:
+    ) -> tuple[service_pb2.ModelInferResponse, str]:
         async def requests():  # type: ignore[no-untyped-def]
             yield {
                 "model_name": self._name,
@@ -199,7 +212,7 @@ class KServeAdapter:
 
         responses = self.client.stream_infer(requests(), stream_timeout=timeout_s)
         pieces: list[str] = []
-        last = None
+        last: service_pb2.ModelInferResponse | None = None
         try:
             async with asyncio.timeout(timeout_s):
                 async for result, error in responses:

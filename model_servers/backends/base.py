@@ -2,6 +2,8 @@
 
 A backend knows nothing of gRPC or protobuf. The data plane (``model_servers.runtime``) calls
 ``load`` once, in a worker thread, then ``generate`` for each request, also in a worker thread.
+A backend that can run several requests at once also implements ``generate_batch``
+(:class:`BatchBackend`); the data plane then hands it dynamic batches.
 """
 
 from __future__ import annotations
@@ -74,6 +76,16 @@ class Backend(Protocol):
 
     def generate(self, request: GenerationInput) -> GenerationOutput:
         """Answer one request; blocking. Raises ``rpc.errors.VigilError`` for bad input."""
+        ...
+
+
+@runtime_checkable
+class BatchBackend(Backend, Protocol):
+    """A backend that answers several requests in one call (dynamic batching)."""
+
+    def generate_batch(self, requests: list[GenerationInput]) -> list[GenerationOutput]:
+        """Answer ``requests`` together; one output per request, in order, each the same as
+        ``generate`` would give for that request alone. Blocking."""
         ...
 
 

@@ -127,63 +127,113 @@ class HFBackend:
         return f"{token}\n" * image_count + prompt, False
 
     def generate(self, request: GenerationInput) -> GenerationOutput:
+        return self.generate_batch([request])[0]
+
+    def generate_batch(self, requests: list[GenerationInput]) -> list[GenerationOutput]:
+        """Greedy generation for several requests in one padded batch.
+
+        Prompts are left-padded with an attention mask, so every row's new tokens start at the
+        same position; each row is cut at its first end-of-sequence token and at its own
+        ``max_new_tokens``. Greedy decoding makes a row's text the same as it would be alone
+        (up to float rounding in the padded matrix products).
+        """
         import torch
 
-        images = [decode_image(data, i).convert("RGB") for i, data in enumerate(request.images)]
+        if not requests:
+            return []
+        images = [
+            [decode_image(data, i).convert("RGB") for i, data in enumerate(request.images)]
+            for request in requests
+        ]
         with self._lock:
             model, processor = self._model, self._processor
             if model is None:
                 raise RuntimeError("generate() before load()")
-            text, templated = self._prompt_text(request.prompt, len(images))
-            kwargs: dict[str, Any] = {"text": text, "return_tensors": "pt"}
+            texts: list[str] = []
+            templated = False
+            for request, row_images in zip(requests, images, strict=True):
+                text, templated = self._prompt_text(request.prompt, len(row_images))
+                texts.append(text)
+            flat_images = [image for row in images for image in row]
+            kwargs: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
             if templated:
                 kwargs["add_special_tokens"] = False
-            if images:
-                kwargs["images"] = images
-            inputs = processor(**kwargs)
-            prompt_len = int(inputs["input_ids"].shape[1])
+            if flat_images:
+                kwargs["images"] = flat_images
             tokenizer = processor.tokenizer
+            tokenizer.padding_side = "left"
+            inputs = processor(**kwargs)
+            padded_len = int(inputs["input_ids"].shape[1])
+            prompt_lens = inputs["attention_mask"].sum(dim=1).tolist()
             pad_id = tokenizer.pad_token_id
             if pad_id is None:
                 pad_id = tokenizer.eos_token_id
+            want_logprobs = any(r.return_logprobs for r in requests)
             with torch.inference_mode():
                 out = model.generate(
                     **inputs,
-                    max_new_tokens=request.max_new_tokens,
+                    max_new_tokens=max(r.max_new_tokens for r in requests),
                     do_sample=False,
                     return_dict_in_generate=True,
-                    output_scores=request.return_logprobs,
-                    output_logits=request.return_logprobs,
+                    output_scores=want_logprobs,
+                    output_logits=want_logprobs,
                     pad_token_id=pad_id,
                 )
-            sequence = out.sequences[0]
-            if getattr(model.config, "is_encoder_decoder", False):
-                new_ids = sequence[1:].tolist()  # drop the decoder start token
-            else:
-                new_ids = sequence[prompt_len:].tolist()
+            encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
             eos_ids = _eos_ids(model.generation_config, tokenizer)
-            finish: FinishReason = "length"
-            for i, token_id in enumerate(new_ids):
-                if token_id in eos_ids:
-                    new_ids = new_ids[: i + 1]
-                    finish = "stop"
-                    break
-            else:
-                if len(new_ids) < request.max_new_tokens:
-                    finish = "stop"  # a stop string or another criterion, not the limit
-            logprobs: list[tuple[str, float]] = []
-            if request.return_logprobs:
+            steps = None
+            if want_logprobs:
                 steps = out.logits if getattr(out, "logits", None) else out.scores
-                for step, token_id in zip(steps, new_ids, strict=False):
-                    value = torch.log_softmax(step[0].float(), dim=-1)[token_id].item()
-                    logprobs.append((tokenizer.decode([token_id]), float(value)))
-            return GenerationOutput(
-                text=tokenizer.decode(new_ids, skip_special_tokens=True),
-                prompt_token_count=prompt_len,
-                completion_token_count=len(new_ids),
-                finish_reason=finish,
-                logprobs=logprobs,
-            )
+            outputs = []
+            for row, request in enumerate(requests):
+                sequence = out.sequences[row]
+                # An encoder-decoder model's output starts with the decoder start token.
+                new_ids = sequence[1:] if encoder_decoder else sequence[padded_len:]
+                outputs.append(
+                    _row_output(
+                        new_ids.tolist()[: request.max_new_tokens],
+                        request,
+                        int(prompt_lens[row]),
+                        eos_ids,
+                        tokenizer,
+                        [step[row] for step in steps] if steps is not None else None,
+                    )
+                )
+            return outputs
+
+
+def _row_output(
+    new_ids: list[int],
+    request: GenerationInput,
+    prompt_len: int,
+    eos_ids: set[int],
+    tokenizer: Any,
+    step_logits: list[Any] | None,
+) -> GenerationOutput:
+    """One row of a batch: cut at the first end-of-sequence token, with its log-probabilities."""
+    import torch
+
+    finish: FinishReason = "length"
+    for i, token_id in enumerate(new_ids):
+        if token_id in eos_ids:
+            new_ids = new_ids[: i + 1]
+            finish = "stop"
+            break
+    else:
+        if len(new_ids) < request.max_new_tokens:
+            finish = "stop"  # a stop string or another criterion, not the limit
+    logprobs: list[tuple[str, float]] = []
+    if request.return_logprobs and step_logits is not None:
+        for logits, token_id in zip(step_logits, new_ids, strict=False):
+            value = torch.log_softmax(logits.float(), dim=-1)[token_id].item()
+            logprobs.append((tokenizer.decode([token_id]), float(value)))
+    return GenerationOutput(
+        text=tokenizer.decode(new_ids, skip_special_tokens=True),
+        prompt_token_count=prompt_len,
+        completion_token_count=len(new_ids),
+        finish_reason=finish,
+        logprobs=logprobs,
+    )
 
 
 def _eos_ids(generation_config: Any, tokenizer: Any) -> set[int]:

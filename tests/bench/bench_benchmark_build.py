@@ -1,8 +1,9 @@
-"""Timing the ``brain-mri`` ``paper`` build: 250 subjects, 4,500 slices, 70 controls.
+"""Timing the ``brain-mri`` ``paper`` build: 250 subjects, 4,050 slices, 85 controls.
 
 Prints the build time (rendering, then writing with validation), the validation time of the
-stored folder, the item, image and subject counts, the tumour-positive slice count, and the peak
-resident memory of this process and of the worker processes it forked.
+stored folder, the item, image and subject counts (per split, format and phrasing), the
+tumour-positive slice count and the laterality labels of the slices, and the peak resident memory
+of this process and of the worker processes it forked.
 
 Run: ``.venv/bin/pytest tests/bench/bench_benchmark_build.py -q -s -m bench``.
 """
@@ -36,8 +37,12 @@ def test_build_paper(tmp_path):
     problems = validate_benchmark(bench.path)
     validated = time.perf_counter()
 
-    tumor = manifest[manifest["task"] == "tumor_visible"]
-    positives = int((tumor["answer"] == "yes").sum())
+    brain = manifest[~manifest["is_control"]]
+    slices = brain.drop_duplicates("image_path")
+    positives = int((slices["tumor_voxels"] >= 25).sum())
+    sides = slices["laterality"].value_counts().to_dict()
+    splits = manifest["split"].value_counts().to_dict()
+    variants = manifest.groupby(["format", "phrasing"]).size().to_dict()
     print()
     print(f"cpus                    {os.cpu_count()}")
     print(f"atlas load              {loaded - start:7.2f} s")
@@ -45,12 +50,16 @@ def test_build_paper(tmp_path):
     print(f"validate + write        {written - rendered:7.2f} s")
     print(f"total build             {written - start:7.2f} s")
     print(f"validate stored folder  {validated - written:7.2f} s")
-    print(f"items                   {len(manifest):7d}")
+    print(f"items                   {len(manifest):7d}  {splits}")
+    print(f"items per variant       {variants}")
     print(f"images (unique)         {len(images):7d}")
+    print(f"slices / controls       {len(slices):7d} / {len(images) - len(slices)}")
     print(f"subjects                {manifest['subject_id'].nunique():7d}")
-    print(f"tumour-positive slices  {positives:7d} of {len(tumor)}")
+    print(f"tumour-positive slices  {positives:7d} of {len(slices)}")
+    print(f"slice laterality        {sides}")
     print(f"peak RSS (this process) {_peak_mib(resource.RUSAGE_SELF):7.0f} MiB")
     print(f"peak RSS (workers)      {_peak_mib(resource.RUSAGE_CHILDREN):7.0f} MiB")
     print(f"id                      {bench.id}")
     assert problems == []
-    assert len(manifest) == 4500 * 4 + 70
+    assert len(slices) == 4050 and len(images) == 4050 + 85
+    assert manifest["subject_id"].nunique() == 250 + 85

@@ -112,9 +112,10 @@ def charts(at: AppTest) -> list[dict[str, object]]:
     return [json.loads(el.proto.spec) for el in at.get("vega_lite_chart")]
 
 
-def table(at: AppTest, first_column: str) -> pd.DataFrame:
-    """The one table on the page whose first column is ``first_column``."""
-    found = [df.value for df in at.dataframe if list(df.value.columns)[:1] == [first_column]]
+def table(at: AppTest, *first_columns: str) -> pd.DataFrame:
+    """The one table on the page whose first columns are ``first_columns``."""
+    n = len(first_columns)
+    found = [df.value for df in at.dataframe if list(df.value.columns)[:n] == list(first_columns)]
     assert len(found) == 1, [list(df.value.columns) for df in at.dataframe]
     return found[0]
 
@@ -139,7 +140,7 @@ def test_page_shows_the_graded_run(audited: Audited, monkeypatch: pytest.MonkeyP
 
     assert not service_errors(at)
     assert not [i for i in at.info if "No graded runs yet" in i.value]
-    fleet = table(at, "Model")
+    fleet = table(at, "Model", "Version")
     row = fleet[fleet["Model"] == audited.model_name]
     assert len(row) == 1, fleet
     assert row.iloc[0]["Run"] == audited.run_id
@@ -155,10 +156,20 @@ def test_page_shows_the_graded_run(audited: Audited, monkeypatch: pytest.MonkeyP
     assert len(tasks) > 1
 
     specs = charts(at)
-    assert len(specs) == 2, specs
-    trend, reliability = specs
+    assert len(specs) == 3, specs
+    trend, reliability, shortcut = specs
     assert "Run started" in str(trend)
     assert "Stated confidence" in str(reliability)
+    assert "Shortcut probability" in str(shortcut)
+
+    # Credibility of the latest run, with groups A-D adding up to the pairs.
+    cred = table(at, "Model", "Run", "Images")
+    row = cred[cred["Run"] == audited.run_id].iloc[0]
+    assert row["Pairs"] == row["A"] + row["B"] + row["C"] + row["D"] > 0
+    assert any("no correlation across models yet" in c.value for c in at.caption)
+    # One run only: nothing to compare with, no text-only run.
+    assert any("No earlier run" in i.value for i in at.info)
+    assert any("No text-only runs yet" in i.value for i in at.info)
     bins = table(at, "Confidence bin")
     assert len(bins) == 10
     assert bins["Answers"].sum() > 0
@@ -190,7 +201,7 @@ def test_no_graded_runs(audited: Audited, monkeypatch: pytest.MonkeyPatch) -> No
     at = render(monkeypatch, audited.empty_grader.address, audited.gateway.address)
     assert any("No graded runs yet" in i.value for i in at.info), [i.value for i in at.info]
     assert not at.error, [e.value for e in at.error]
-    assert not [df for df in at.dataframe if list(df.value.columns)[:1] == ["Model"]]
+    assert not [df for df in at.dataframe if list(df.value.columns)[:2] == ["Model", "Version"]]
     assert not charts(at)
     # The empty grader follows nothing: the page says its figures may lag.
     assert any("not following" in w.value for w in at.warning), [w.value for w in at.warning]
@@ -211,8 +222,8 @@ def test_gateway_down(audited: Audited, monkeypatch: pytest.MonkeyPatch) -> None
     errors = service_errors(at)
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"The gateway at {audited.dead_grader_address} is not reachable")
-    assert list(table(at, "Model")["Model"]) == [audited.model_name]
-    assert len(charts(at)) == 2
+    assert list(table(at, "Model", "Version")["Model"]) == [audited.model_name]
+    assert len(charts(at)) == 3
 
 
 # ---- settings and the serve command ----------------------------------------------------------
@@ -386,3 +397,54 @@ def test_metric_caption_explains_every_headline_metric() -> None:
     for metric in views.METRICS:
         assert metric.label in caption
     assert "80%" in caption
+
+
+def test_credibility_drop_and_regression_tables() -> None:
+    cred = pd.DataFrame(
+        [{"run_id": "r1", "model_name": "m", "benchmark_hash": "h" * 64, "image_mode": "image",
+          "image_count": 4, "pair_count": 10, "a_count": 5, "b_count": 2, "c_count": 1,
+          "d_count": 2, "luck_rate": 2 / 7, "luck_lower": 0.1, "luck_upper": 0.5,
+          "shortcut_probability": 2 / 3, "shortcut_lower": math.nan,
+          "shortcut_upper": math.nan, "rationality": 5 / 7, "rationality_lower": 0.5,
+          "rationality_upper": 0.9, "has_interval": True, "high_level_accuracy": 0.7,
+          "low_level_accuracy": 0.8, "subject_count": 3, "too_few_subjects": True,
+          "final": True, "run_start_time": pd.NaT}]
+    )  # fmt: skip
+    t = views.credibility_table(cred)
+    row = t.frame.iloc[0]
+    assert (row["A"], row["D"], row["Pairs"]) == (5, 2, 10)
+    assert row["Luck rate"] == "0.286 [0.10, 0.50]"
+    assert row["Shortcut probability"] == "0.667 [—]"  # no finite interval, too few subjects
+    assert t.too_few_subjects and not t.in_progress
+    corr = pd.DataFrame(
+        [{"benchmark_hash": "abc", "model_count": 4, "has_correlation": True, "r": 0.693,
+          "p_value": 0.0012, "note": ""},
+         {"benchmark_hash": "def", "model_count": 2, "has_correlation": False, "r": math.nan,
+          "p_value": math.nan, "note": "needs at least 3 models"}]
+    )  # fmt: skip
+    lines = views.correlation_text(corr)
+    assert "r = 0.69 (p = 0.0012)" in lines[0] and "needs at least 3 models" in lines[1]
+
+    drops = pd.DataFrame(
+        [{"model_name": "m", "benchmark_hash": "h", "image_run_id": "i", "text_run_id": "t",
+          "task": task, "image_accuracy": 0.8, "text_accuracy": 0.6, "drop": 0.2,
+          "has_interval": task == "all", "lower": 0.1 if task == "all" else math.nan,
+          "upper": 0.3 if task == "all" else math.nan, "subject_count": 12,
+          "too_few_subjects": False} for task in ("plane", "all")]
+    )  # fmt: skip
+    d = views.drops_table(drops).frame
+    assert list(d["Task"]) == ["all tasks", "plane"]
+    assert list(d["Drop"]) == ["0.200 [0.10, 0.30]", "0.200"]
+
+    diffs = pd.DataFrame(
+        [{"run_id": "r2", "base_run_id": "r1", "model_name": "m", "task": "all", "metric": m,
+          "base_value": 0.8, "value": 0.6, "difference": -0.2, "has_interval": True,
+          "lower": -0.3, "upper": -0.1, "margin": 0.05, "regressed": m == "accuracy",
+          "subject_count": 20, "too_few_subjects": False,
+          "mcnemar_p_value": 0.004 if m == "accuracy" else math.nan}
+         for m in ("accuracy", "abstention_rate")]
+    )  # fmt: skip
+    r = views.regressions_table(diffs).frame
+    assert list(r["Metric"]) == ["Accuracy"]  # only headline metrics are shown
+    assert r.iloc[0]["Change"] == "-0.200 [-0.30, -0.10]"
+    assert (r.iloc[0]["Regressed"], r.iloc[0]["McNemar p"]) == ("yes", "0.004")

@@ -9,6 +9,7 @@ import os
 import grpc
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -61,6 +62,13 @@ def _manifest(n_images: int = 3) -> tuple[pd.DataFrame, dict[str, bytes]]:
                     "sequence": "T1",
                     "depth": 0.5,
                     "tumor_voxels": 0,
+                    "hierarchy": "low",
+                    "laterality": "none",
+                    "supported_findings": [],
+                    "split": "audit" if i < 2 else "train",
+                    "image_missing": False,
+                    "expect_abstain": False,
+                    "source_json": "",
                 }
             )
     rows.append(
@@ -72,6 +80,7 @@ def _manifest(n_images: int = 3) -> tuple[pd.DataFrame, dict[str, bytes]]:
             "media_type": "",
             "depth": float("nan"),
             "tumor_voxels": -1,
+            "image_missing": True,
         }
     )
     frame = pd.DataFrame(rows, columns=list(fmt.COLUMNS))
@@ -207,7 +216,7 @@ def test_written_benchmark_is_valid_and_content_addressed(tmp_path):
     assert bench.path == tmp_path / bench.id
     assert validate_benchmark(bench.path) == []
     meta = json.loads((bench.path / fmt.META_FILE).read_text())
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
     assert meta["item_count"] == 7 and meta["subject_count"] == 3
     assert meta["tasks"] == {"plane": 7}
     assert meta["created_by"].startswith("vigil ")
@@ -361,3 +370,175 @@ def test_png_encoding_is_reproducible():
     assert fmt.encode_png(pixels) == fmt.encode_png(pixels.copy())
     with pytest.raises(ValueError):
         fmt.encode_png(pixels.astype(np.float32))
+
+
+# --- format version 2 -------------------------------------------------------------------------
+
+
+def _open_row(manifest: pd.DataFrame, item_id: str, **changes) -> dict:
+    """An open-ended copy of the first row: the answer space in canonical order, no letter."""
+    row = manifest.iloc[0].to_dict()
+    row.update(
+        item_id=item_id,
+        format="open",
+        options=["axial", "coronal", "sagittal"],
+        answer_letter="",
+        option_order="",
+    )
+    row.update(changes)
+    return row
+
+
+def _with_rows(manifest: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    extra = pd.DataFrame(rows, columns=list(fmt.COLUMNS))
+    return pd.concat([manifest, extra], ignore_index=True)
+
+
+def test_format_v2_exports_its_vocabularies():
+    assert fmt.FORMAT_VERSION == 2 and fmt.SUPPORTED_FORMAT_VERSIONS == (1, 2)
+    assert set(fmt.FORMATS) == {"mc", "open"}
+    assert fmt.HIERARCHY == ("low", "mid", "high", "")
+    assert fmt.SPLITS == ("audit", "train")
+    assert fmt.LATERALITIES == ("left", "right", "bilateral", "none", "")
+    assert "tumor" in fmt.FINDINGS and "laterality_bilateral" in fmt.FINDINGS
+    assert fmt.COLUMNS[-7:] == (
+        "hierarchy", "laterality", "supported_findings", "split", "image_missing",
+        "expect_abstain", "source_json",
+    )  # fmt: skip
+    assert fmt.COLUMNS[:-7] == fmt.V1_COLUMNS
+
+
+def test_open_and_abstention_items_are_valid():
+    manifest, images = _manifest()
+    abstain_mc = manifest.iloc[0].to_dict()
+    abstain_mc.update(item_id="abstain-mc", answer="UNSURE", answer_letter="",
+                      expect_abstain=True, hierarchy="")  # fmt: skip
+    rows = [
+        _open_row(
+            manifest,
+            "open-ok",
+            answer="coronal",
+            supported_findings=["tumor", "lesion", "laterality_left"],
+        ),  # fmt: skip
+        _open_row(manifest, "open-abstain", answer="UNSURE", expect_abstain=True),
+        abstain_mc,
+    ]
+    assert validate_manifest(_with_rows(manifest, rows), images) == []
+
+
+def test_format_v2_rules_are_enforced_per_item():
+    manifest, images = _manifest()
+    bad_mc_abstain = manifest.iloc[0].to_dict()
+    bad_mc_abstain.update(item_id="mc-abstain", answer="UNSURE", expect_abstain=True)
+    unsure_without_flag = manifest.iloc[0].to_dict()
+    unsure_without_flag.update(item_id="unsure-no-flag", answer="UNSURE", answer_letter="")
+    rows = [
+        _open_row(manifest, "open-letter", answer="axial", answer_letter="A"),
+        _open_row(manifest, "open-order", answer="axial", option_order="axial|coronal|sagittal"),
+        _open_row(manifest, "open-outside", answer="oblique"),
+        _open_row(manifest, "bad-split", answer="axial", split="test"),
+        _open_row(manifest, "bad-hier", answer="axial", hierarchy="top"),
+        _open_row(manifest, "bad-lat", answer="axial", laterality="centre"),
+        _open_row(
+            manifest, "bad-find", answer="axial", supported_findings=["tumour", "tumor", "tumor"]
+        ),  # fmt: skip
+        _open_row(manifest, "missing-with-path", answer="axial", image_missing=True),
+        _open_row(manifest, "abstain-wrong", answer="axial", expect_abstain=True),
+        bad_mc_abstain,
+        unsure_without_flag,
+    ]
+    problems = validate_manifest(_with_rows(manifest, rows), images)
+
+    def about(item_id: str) -> str:
+        found = _problems_about(problems, f"'{item_id}'")
+        assert found, (item_id, problems)
+        return " ".join(found)
+
+    assert "open item has no answer_letter, got 'A'" in about("open-letter")
+    assert "open item has no option_order" in about("open-order")
+    assert "'oblique' is not in the task's answer space" in about("open-outside")
+    assert "split 'test' is not one of 'audit', 'train'" in about("bad-split")
+    assert "hierarchy 'top'" in about("bad-hier")
+    assert "laterality 'centre'" in about("bad-lat")
+    text = about("bad-find")
+    assert "['tumour'] are not in the findings vocabulary" in text and "repeats ['tumor']" in text
+    assert "image_missing is set, so image_path must be ''" in about("missing-with-path")
+    assert "expect_abstain is set, so answer must be 'UNSURE'" in about("abstain-wrong")
+    assert "has no answer_letter" in about("mc-abstain")
+    assert "answer is 'UNSURE' but expect_abstain is not set" in about("unsure-no-flag")
+
+
+def test_wrong_types_of_new_columns_are_reported():
+    manifest, images = _manifest()
+    manifest["image_missing"] = manifest["image_missing"].astype(object)
+    manifest.at[0, "image_missing"] = "no"
+    manifest.at[1, "supported_findings"] = "tumor"
+    manifest.at[2, "split"] = None
+    problems = validate_manifest(manifest, images)
+    assert "item 'img-0_q0': column 'image_missing' must be a bool" in problems
+    assert "item 'img-0_q1': column 'supported_findings' must be a list of strings" in problems
+    assert "item 'img-1_q0': column 'split' must be a string" in problems
+
+
+def _write_v1(root, name="old-tiny"):
+    """A version 1 benchmark folder exactly as the version 1 code wrote it."""
+    manifest, images = _manifest()
+    table = pa.Table.from_pandas(
+        manifest.loc[:, list(fmt.V1_COLUMNS)], schema=fmt.schema_for(1), preserve_index=False
+    ).replace_schema_metadata(None)
+    digests = {p: fmt.sha256_hex(images[p]) for p in images}
+    digest = fmt.content_hash(table, digests, version=1)
+    folder = root / fmt.benchmark_id(name, digest)
+    (folder / fmt.IMAGES_DIR).mkdir(parents=True)
+    for path, data in images.items():
+        (folder / path).write_bytes(data)
+    pq.write_table(table, folder / fmt.MANIFEST_FILE)
+    meta = {"format_version": 1, "name": name, "suite": "handmade", "size": "tiny", "seed": 0,
+            "content_hash": digest, "item_count": len(manifest), "subject_count": 3,
+            "tasks": {"plane": len(manifest)}, "created_by": "vigil 0.1.0"}  # fmt: skip
+    (folder / fmt.META_FILE).write_text(json.dumps(meta))
+    return folder
+
+
+def test_a_version_1_benchmark_stays_readable_and_valid(tmp_path):
+    folder = _write_v1(tmp_path)
+    assert validate_benchmark(folder) == []
+    bench = open_benchmark(folder.name, tmp_path)
+    assert bench.meta.format_version == 1
+    items = bench.items()
+    assert list(items.columns) == list(fmt.COLUMNS)
+    assert set(items["split"]) == {"audit"} and set(items["hierarchy"]) == {""}
+    assert set(items["laterality"]) == {""}
+    assert items["supported_findings"].map(list).tolist() == [[]] * len(items)
+    assert items["image_missing"].dtype == bool and not items["image_missing"].any()
+    assert items["expect_abstain"].dtype == bool and not items["expect_abstain"].any()
+    assert set(items["source_json"]) == {""}
+    some = bench.items(columns=["item_id", "split", "options", "expect_abstain"])
+    assert list(some.columns) == ["item_id", "split", "options", "expect_abstain"]
+    assert isinstance(some.at[0, "options"], list)
+    # the v1 hash is kept: tampering is still caught
+    meta = json.loads((folder / fmt.META_FILE).read_text())
+    meta["content_hash"] = "0" * 64
+    (folder / fmt.META_FILE).write_text(json.dumps(meta))
+    assert any("content_hash" in p for p in validate_benchmark(folder))
+
+
+def test_unsupported_format_version_is_reported(tmp_path):
+    bench = _write(tmp_path)
+    meta = json.loads((bench.path / fmt.META_FILE).read_text())
+    meta["format_version"] = 3
+    (bench.path / fmt.META_FILE).write_text(json.dumps(meta))
+    assert any("format_version 3 is not supported" in p for p in validate_benchmark(bench.path))
+
+
+def test_v2_benchmark_round_trips_its_new_columns(tmp_path):
+    manifest, images = _manifest()
+    rows = [_open_row(manifest, "open-1", answer="sagittal", laterality="left",
+                      supported_findings=["tumor", "laterality_left"], split="train")]  # fmt: skip
+    bench = write_benchmark(tmp_path, "v2", "handmade", "tiny", 0, _with_rows(manifest, rows),
+                            images)  # fmt: skip
+    assert validate_benchmark(bench.path) == []
+    item = bench.items().set_index("item_id").loc["open-1"]
+    assert item["supported_findings"] == ["tumor", "laterality_left"]
+    assert (item["format"], item["laterality"], item["split"]) == ("open", "left", "train")
+    assert bench.items().set_index("item_id").at["text-only", "image_missing"]

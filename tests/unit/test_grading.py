@@ -73,7 +73,9 @@ def test_run_figures_by_hand() -> None:
     # ECE: one bin (90-100) holding all four: |0.75 - 0.975|.
     assert math.isclose(value["ece"], 0.225)
     assert value["transport_error_rate"] == 1 / 6
-    assert bool(top.has_interval.all()) and not bool(top.too_few_subjects.any())
+    defined = top[top.value.notna()]  # hallucination and abstention need columns these lack
+    assert set(top.metric) - set(defined.metric) == {"hallucination_rate", "abstention_appropriate"}
+    assert bool(defined.has_interval.all()) and not bool(top.too_few_subjects.any())
     assert set(metrics.group_axis) == {"", "plane", "modality", "anatomy", "dataset"}
     top_bin = bins[(bins.task == "all") & (bins.format == "all")].set_index("bin").loc[9]
     assert (top_bin["count"], top_bin["lower_percent"], top_bin["upper_percent"]) == (4, 90, 100)

@@ -68,6 +68,32 @@ HAND_EXPECTED = {
     "missing_conf_rate": 2 / 7,
     "transport_error_rate": 1 / 10,
     "mean_confidence": 0.73,
+    # Per class over answered rows: axial TP 2 (r1 r10), true 3, predicted 4 -> F1 4/7;
+    # coronal TP 1, true 2, predicted 1 -> 2/3; sagittal TP 1, true 2, predicted 2 -> 1/2.
+    "macro_f1": (4 / 7 + 2 / 3 + 1 / 2) / 3,
+    # One answer per stated level: (.70 + .60 + 0 + .90 + .15) / 5.
+    "ece_levels": 0.47,
+    # Bins 3, 6, 8 hold one answer each (no debiasing term); bin 9 holds two (acc .5, conf .95):
+    # (.45^2 - .5 * .5 / 1) * 2/5 < 0, clipped to 0.
+    "ece_debiased": 0.0,
+    "mce": 0.70,  # bin 3: |1 - .30|
+    # bin 6: .60 * (.60 - 0) / 5; bin 9: .95 * (.95 - .5) * 2 / 5; bins 3 and 8 underconfident.
+    "overconfidence_error": 0.60 * 0.60 / 5 + 0.95 * 0.45 * 2 / 5,
+    # One answer per level, so reliability is the Brier score; o = 3/5:
+    # resolution = (3 * .4^2 + 2 * .6^2) / 5 = .24, uncertainty = .6 * .4 = .24.
+    "brier_reliability": 0.3365,
+    "brier_resolution": 0.24,
+    "brier_uncertainty": 0.24,
+    # Right at 30, 85, 100; wrong at 60, 90: 100 beats both, 85 beats 60 -> 3 of 6 pairs.
+    "auroc": 0.5,
+    # By confidence: 100 ok, 90 wrong, 85 ok, 60 wrong, 30 ok; prefix risks 0, 1/2, 1/3, 2/4,
+    # 2/5; AURC = their mean. Perfect ranking: 0, 0, 0, 1/4, 2/5.
+    "aurc": (0 + 1 / 2 + 1 / 3 + 2 / 4 + 2 / 5) / 5,
+    "e_aurc": (0 + 1 / 2 + 1 / 3 + 2 / 4 + 2 / 5) / 5 - (1 / 4 + 2 / 5) / 5,
+    "selective_accuracy_80": 2 / 4,  # the 4 most confident: 100 ok, 90 no, 85 ok, 60 no
+    "hallucination_rate": math.nan,  # no hallucinated column: nothing graded for it
+    "abstention_appropriate": math.nan,  # no item expects an abstention
+    "over_abstention": 1 / 9,  # every gradeable row is a valid item; r5 abstained
 }
 
 
@@ -83,14 +109,14 @@ def test_metric_names_are_the_contract():
 @pytest.mark.parametrize("name", sorted(HAND_EXPECTED))
 def test_hand_computed_metric(hand_table, name):
     metrics = compute_metrics(hand_table.totals(), hand_table.layout)
-    assert metrics[name] == pytest.approx(HAND_EXPECTED[name], abs=1e-12)
+    assert metrics[name] == pytest.approx(HAND_EXPECTED[name], abs=1e-12, nan_ok=True)
 
 
 def test_table_shape_and_blocks(hand_table):
     layout = hand_table.layout
     assert list(hand_table.subjects) == ["s1", "s2"]
     assert list(hand_table.classes) == ["axial", "coronal", "sagittal"]
-    assert hand_table.counts.shape == (2, 5 + 2 * N_LEVELS + 2 + 3 * 3)
+    assert hand_table.counts.shape == (2, 5 + 2 * N_LEVELS + 2 + 6 + 3 * 3)
     assert hand_table.counts.dtype == np.float64
     assert len(layout.feature_names()) == layout.n_features
     s1, s2 = hand_table.counts
@@ -370,9 +396,32 @@ def test_batched_totals_equal_one_at_a_time():
     batch = compute_metrics(weights @ table.counts, table.layout)
     for name in METRIC_NAMES:
         assert batch[name].shape == (20,)
-        single = [compute_metrics(w @ table.counts, table.layout)[name] for w in weights]
-        np.testing.assert_array_equal(batch[name], np.array(single))
+        single = np.array([compute_metrics(w @ table.counts, table.layout)[name] for w in weights])
+        if name in SUMS_OF_RATIOS_PER_LEVEL:
+            # Sums of per-level ratios over the levels stated in the batch: the last bit may vary.
+            np.testing.assert_allclose(batch[name], single, rtol=1e-13, atol=1e-16)
+        else:
+            np.testing.assert_array_equal(batch[name], single)
     assert all(np.isnan(batch[name][3]) for name in METRIC_NAMES)
+
+
+# Metrics summing a ratio per stated level; every other one is a ratio of integer sums, or of
+# sums over a fixed axis (bins, classes), and is bit-identical however it is batched.
+SUMS_OF_RATIOS_PER_LEVEL = {
+    "brier_reliability", "brier_resolution", "aurc", "e_aurc", "selective_accuracy_80",
+}  # fmt: skip
+
+
+def test_batching_with_sparse_levels():
+    # Resamples that leave out subjects drop levels: the batch reads levels a single one lacks.
+    rows = random_rows(8, n=400, n_subjects=12)
+    rows["confidence"] = np.where(rows.confidence >= 0, rows.confidence // 25 * 25, -1)
+    table = build_count_table(rows)
+    weights = np.eye(table.n_subjects)[:6] * 2
+    batch = compute_metrics(weights @ table.counts, table.layout)
+    for name in METRIC_NAMES:
+        single = np.array([compute_metrics(w @ table.counts, table.layout)[name] for w in weights])
+        np.testing.assert_allclose(batch[name], single, rtol=1e-13, atol=1e-16)
 
 
 def test_table_is_the_sum_of_its_subjects():
