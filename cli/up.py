@@ -366,10 +366,10 @@ def add_up_command(commands: argparse._SubParsersAction) -> None:  # type: ignor
         "--suite", default="brain-mri", help="built-in benchmark suite (default brain-mri)"
     )
     p.add_argument("--size", default="small", help="suite size (default small)")
-    p.add_argument("--hf-model", choices=("reference", "tiny"), default="tiny",
-                   help="model of the hf server: the reference VLM, trained once on the benchmark's "
-                        "train split (the tiny model when it has none), or the untrained tiny "
-                        "model (default, as the tests use)")  # fmt: skip
+    p.add_argument("--hf-model", choices=("reference", "tiny"), default="reference",
+                   help="model of the hf server: the reference VLM (default), trained once on the "
+                        "benchmark's train split (the tiny model when it has none), or the "
+                        "untrained tiny model (as the tests use)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="benchmark seed (default 0)")
     p.add_argument(
         "--interval-s", type=float, default=3600.0, help="audit interval (default 3600 s)"

@@ -109,7 +109,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelInferResponse:
         try:
-            response = await self._infer(request)
+            response = await self._infer(request, context.time_remaining())
         except VigilError as exc:
             self._metrics.request(exc.code.name)
             log.info("infer request_id=%s code=%s", request.id, exc.code.name)
@@ -141,13 +141,13 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             yield service_pb2.ModelStreamInferResponse(infer_response=response)
 
     async def _infer(
-        self, request: service_pb2.ModelInferRequest
+        self, request: service_pb2.ModelInferRequest, timeout_s: float | None = None
     ) -> service_pb2.ModelInferResponse:
         info = self._loaded()
         convert.check_model(info, request.model_name, request.model_version)
         decoded = convert.infer_request(request, self._default_max_new_tokens)
         try:
-            generation = await self._runtime.generate(decoded.generation)
+            generation = await self._runtime.generate(decoded.generation, timeout_s=timeout_s)
         except InvalidArgument as exc:
             tensor = convert.tensor_name_for(exc.message)
             raise InvalidArgument(f"input {tensor!r}: {exc.message}") from None

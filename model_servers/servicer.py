@@ -36,7 +36,8 @@ class ModelServicer(model_pb2_grpc.ModelServiceServicer):
     ) -> model_pb2.GenerateResponse:
         try:
             generation = await self._runtime.generate(
-                convert.generation_input(request, self._default_max_new_tokens)
+                convert.generation_input(request, self._default_max_new_tokens),
+                timeout_s=context.time_remaining(),
             )
         except VigilError as exc:
             self._metrics.request(exc.code.name)

@@ -1,4 +1,5 @@
-"""``vigil reference-model train``: train the reference VLM on a benchmark's train split."""
+"""``vigil reference-model train|evaluate``: train the reference VLM on a benchmark's train split,
+and score a saved model on one split offline."""
 
 from __future__ import annotations
 
@@ -81,6 +82,28 @@ def _train_handler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_handler(args: argparse.Namespace) -> int:
+    from benchmark.errors import BenchmarkInvalid, BenchmarkNotFound
+    from benchmark.store import default_root, open_benchmark
+    from model_servers.backends.base import BackendLoadError
+    from model_servers.reference.evaluate import evaluate
+
+    try:
+        bench = open_benchmark(args.benchmark, default_root())
+        result = evaluate(args.model or default_model_dir(), bench, args.split)
+    except (BenchmarkNotFound, BenchmarkInvalid, BackendLoadError) as exc:
+        print(f"vigil reference-model evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{result.items} {args.split} items of {bench.id}; {result.unparsed} unparsed")
+    for task, accuracy in result.accuracy.items():
+        print(f"  {task:14s} accuracy {accuracy:.3f}  (chance {result.chance[task]:.3f})")
+    print(
+        f"  mean stated confidence {result.mean_confidence:.1f}; "
+        f"mean |stated - 100 p(answer)| {result.mean_confidence_gap:.1f}"
+    )
+    return 0
+
+
 def add_reference_model_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``vigil reference-model`` group: ``train``."""
     parser = commands.add_parser("reference-model", help="Vigil's trained reference VLM")
@@ -113,3 +136,13 @@ def add_reference_model_commands(commands: argparse._SubParsersAction) -> None: 
         help="torch CPU threads (default: 1, the fastest on a busy machine)",
     )
     train.set_defaults(handler=_train_handler)
+    check = sub.add_parser(
+        "evaluate",
+        help="score a saved model on one split of a benchmark, offline (the audit is what counts)",
+    )
+    check.add_argument("--model", type=Path, help="model folder (default: the reference model)")
+    check.add_argument(
+        "--benchmark", default=DEFAULT_BENCHMARK, help="benchmark name, id or folder"
+    )
+    check.add_argument("--split", default="audit", help="split to score (default: audit)")
+    check.set_defaults(handler=_evaluate_handler)

@@ -15,6 +15,8 @@ from tests.stack import REPO, audit_item_ids
 ZERO_PORTS = ["--gateway-port", "0", "--grader-port", "0", "--model-port", "0",
               "--gateway-metrics-port", "0", "--grader-metrics-port", "0",
               "--model-metrics-port", "0"]  # fmt: skip
+# The tests serve the untrained tiny model (the default trains the reference VLM once).
+ZERO_PORTS += ["--hf-model", "tiny"]  # fmt: skip
 
 
 def test_up_once_prints_summary_and_exits_zero(

@@ -113,6 +113,13 @@ def test_trains_saves_and_answers_through_the_hf_backend(bench: Benchmark, tmp_p
         assert output.finish_reason == "stop"
         assert backend.generate(request).text == output.text
 
+    from model_servers.reference.evaluate import evaluate
+
+    scored = evaluate(out, bench, "audit")
+    assert scored.items == int((items["split"] == "audit").sum())
+    assert set(scored.accuracy) == set(items.loc[items["split"] == "audit", "task"])
+    assert 0 <= scored.mean_confidence <= 100
+
 
 def test_a_benchmark_without_train_items_is_a_clear_error(
     bench: Benchmark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -133,3 +140,12 @@ def test_a_benchmark_without_train_items_is_a_clear_error(
     err = capsys.readouterr().err
     assert "has no train items" in err and audit_only.id in err
     assert not out.exists()
+
+
+def test_the_same_seed_trains_the_same_weights(bench: Benchmark, tmp_path: Path) -> None:
+    from model_servers.backends.hf import model_version
+
+    first = train_into(bench.path, tmp_path / "a", TINY, quiet=True)
+    second = train_into(bench.path, tmp_path / "b", TINY, quiet=True)
+    assert not (first.cut_short or second.cut_short)
+    assert model_version(tmp_path / "a") == model_version(tmp_path / "b")
