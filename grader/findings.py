@@ -29,17 +29,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-FINDINGS: tuple[str, ...] = (
-    "tumor",
-    "lesion",
-    "edema",
-    "enhancement",
-    "necrosis",
-    "mass_effect",
-    "laterality_left",
-    "laterality_right",
-    "laterality_bilateral",
-)
+from benchmark.format import FINDINGS  # the vocabulary labels use; one definition
+
 ASSERTED, UNCERTAIN, NEGATED = "asserted", "uncertain", "negated"
 SCOPE_WORDS = 8  # how many words a negation or hedge cue reaches
 

@@ -21,7 +21,7 @@ from model_servers import kserve_convert as convert
 from model_servers.backends.base import ModelInfo
 from model_servers.metrics import ModelMetrics
 from model_servers.runtime import ModelRuntime
-from rpc.errors import InvalidArgument, Unavailable, VigilError
+from rpc.errors import InvalidArgument, VigilError
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._default_max_new_tokens = default_max_new_tokens
 
     def _loaded(self) -> ModelInfo:
-        info = self._runtime.describe()
-        if info is None:
-            raise Unavailable("model is loading")
-        return info
+        return self._runtime.loaded()
 
     async def ServerLive(  # noqa: N802 - gRPC method name
         self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext

@@ -27,7 +27,7 @@ from aiohttp import web
 from model_servers.backends.base import GenerationInput, ModelInfo
 from model_servers.metrics import ModelMetrics
 from model_servers.runtime import Generation, ModelRuntime
-from rpc.errors import InvalidArgument, NotFound, Unavailable, VigilError
+from rpc.errors import InvalidArgument, NotFound, VigilError
 from rpc.server import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -185,10 +185,7 @@ class OpenAIHandlers:
         self._default_max_new_tokens = default_max_new_tokens
 
     def _loaded(self) -> ModelInfo:
-        info = self._runtime.describe()
-        if info is None:
-            raise Unavailable("model is loading")
-        return info
+        return self._runtime.loaded()
 
     async def models(self, request: web.Request) -> web.Response:
         try:

@@ -136,6 +136,13 @@ class ModelRuntime:
         """The served model, or None while it loads."""
         return self.backend.describe() if self._ready else None
 
+    def loaded(self) -> ModelInfo:
+        """The served model; UNAVAILABLE while it loads."""
+        info = self.describe()
+        if info is None:
+            raise Unavailable("model is loading")
+        return info
+
     async def generate(
         self, request: GenerationInput, *, timeout_s: float | None = None
     ) -> Generation:
