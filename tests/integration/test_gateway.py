@@ -157,10 +157,15 @@ def test_model_server_dying_mid_run_pauses_then_fails_the_run(
     ended = wait_run(gateway, run.run_id, timeout_s=120)
     assert ended.state == gw.RUN_STATE_FAILED
     assert "not ready for 2 s" in ended.error_message, ended.error_message
-    # Items asked while the endpoint was away were not recorded as errors: the run paused.
+    # Items asked while the endpoint was away were not recorded as errors: the run paused. Only
+    # the requests in flight at the moment the server shut down (at most the concurrency, 2) may
+    # have failed, as the server cancelled them (recorded: errors are data).
     log = list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0), timeout=10))
-    outcomes = [e.response.outcome for e in log if e.HasField("response")]
-    assert outcomes and set(outcomes) == {gw.OUTCOME_OK}
+    responses = [e.response for e in log if e.HasField("response")]
+    outcomes = [r.outcome for r in responses]
+    errors = [r.error_message for r in responses if r.outcome != gw.OUTCOME_OK]
+    assert outcomes.count(gw.OUTCOME_OK) >= len(outcomes) - 2, errors
+    assert all(e.startswith(("CANCELLED", "UNAVAILABLE")) for e in errors), errors
     assert ended.completed_count == len(outcomes) < len(audit_item_ids(small_benchmark))
 
 
@@ -186,7 +191,8 @@ def test_run_pauses_while_endpoint_is_down_and_resumes(stack: Stack, small_bench
     stack.start_model("flaky-again", "random", port=port)
     ended = wait_run(gateway, run.run_id, timeout_s=120)
     assert ended.state == gw.RUN_STATE_SUCCEEDED, ended.error_message
-    assert ended.completed_count == len(audit_item_ids(bench)) and ended.error_count == 0
+    # Only requests in flight when the server shut down may have failed (cancelled by it).
+    assert ended.completed_count == len(audit_item_ids(bench)) and ended.error_count <= 2
     log = list(gateway.StreamResponses(gw.StreamResponsesRequest(after_seq=0), timeout=10))
     items = [e.response.item_id for e in log if e.HasField("response")]
     assert len(items) == len(set(items)) == len(audit_item_ids(bench))
