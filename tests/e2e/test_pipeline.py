@@ -109,7 +109,7 @@ def test_two_models_end_to_end(stack: Stack, small_benchmark, tiny_model_dir) ->
     for r in responses:
         assert r.benchmark_hash == bench.content_hash and r.request_id and r.vigil_version
         assert r.model_name in ("random-baseline", "tiny-llava") and r.model_version
-        assert r.start_time.seconds > 0 and r.attempt_count == 1
+        assert r.start_time.seconds > 0 and r.attempt_count >= 1
         assert r.outcome == gw.OUTCOME_OK
 
     # The grader's figures equal figures recomputed from the recorded responses.
