@@ -176,7 +176,50 @@ def summary_table(grader: grader_pb2_grpc.GraderServiceStub, run_ids: list[str])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.extend(_token_lines(grader, run_ids, runs))
     return "\n".join(lines)
+
+
+TOKEN_METRICS = ("mean_confidence", "ece", "brier", "auroc")
+
+
+def _token_lines(
+    grader: grader_pb2_grpc.GraderServiceStub, run_ids: list[str], runs: dict[str, gr.GradedRun]
+) -> list[str]:
+    """Stated confidence beside the answer token's probability, for models that offer it."""
+    from grader.token_confidence import SOURCE_AXIS
+
+    out: list[str] = []
+    for run_id in run_ids:
+        token = {
+            v.metric: v
+            for v in grader.QueryMetrics(
+                gr.QueryMetricsRequest(
+                    run_id=run_id, group_axis=SOURCE_AXIS, metrics=list(TOKEN_METRICS)
+                ),
+                timeout=10,
+            ).values
+        }
+        if not token:
+            continue
+        stated = {
+            v.metric: v
+            for v in grader.QueryMetrics(
+                gr.QueryMetricsRequest(
+                    run_id=run_id, task="all", format="all", metrics=list(TOKEN_METRICS)
+                ),
+                timeout=10,
+            ).values
+        }
+        n = next(iter(token.values())).response_count
+        pairs = ", ".join(
+            f"{m} {stated[m].value:.3f} vs {token[m].value:.3f}"
+            for m in TOKEN_METRICS
+            if m in stated and m in token
+        )
+        model = runs[run_id].model_name if run_id in runs else run_id
+        out.append(f"{model}: stated confidence vs answer-token probability ({n} answers): {pairs}")
+    return [""] + out if out else []
 
 
 def run_up(args: argparse.Namespace) -> int:

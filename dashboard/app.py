@@ -213,6 +213,56 @@ def reliability_section(grader: client.Conn, breakdown: pd.DataFrame, model: str
     table_col.dataframe(views.reliability_table(bins), hide_index=True, key="reliability_table")
 
 
+TOKEN_METRICS = {
+    "mean_confidence": "mean confidence",
+    "accuracy": "accuracy",
+    "ece": "ECE",
+    "brier": "Brier",
+    "auroc": "AUROC (right vs wrong)",
+}
+
+
+def _figure(rows: pd.DataFrame) -> str:
+    if rows.empty:
+        return views.NOT_AVAILABLE
+    r = rows.iloc[0]
+    return views.format_figure(
+        r["value"], r["lower"], r["upper"],
+        has_interval=bool(r["has_interval"]), too_few_subjects=bool(r["too_few_subjects"]),
+    )  # fmt: skip
+
+
+def token_section(grader: client.Conn, model: str, run_id: str) -> None:
+    """Stated confidence beside the probability the model gave its own answer token."""
+    token = client.metric_values(
+        grader, run_id=run_id, group_axis="confidence_source", metrics=list(TOKEN_METRICS)
+    )
+    if token.empty:
+        return
+    stated = client.metric_values(
+        grader, run_id=run_id, task="all", fmt="all", metrics=list(TOKEN_METRICS)
+    )
+    st.header("Stated confidence vs answer-token probability")
+    st.caption(
+        f"Latest run `{run_id}` of **{model}**, answers whose token probability the model "
+        f"reported ({int(token['response_count'].iloc[0])}). If the probability the model gave its "
+        "own answer is better calibrated than the confidence it writes, the written number is "
+        "the weaker signal."
+    )
+    rows = []
+    for metric, label in TOKEN_METRICS.items():
+        s = stated[stated["metric"] == metric]
+        t = token[token["metric"] == metric]
+        rows.append(
+            {
+                "figure": label,
+                "stated confidence": _figure(s),
+                "answer-token probability": _figure(t),
+            }
+        )
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="token_table")
+
+
 def alerts_section(grader: client.Conn) -> None:
     st.header("Alerts")
     alerts = client.alerts(grader)
@@ -340,6 +390,8 @@ def grader_sections(grader: client.Conn) -> None:
         trend_section(grader)
     with guarded("The reliability diagram"):
         reliability_section(grader, breakdown, str(model), run_id)
+    with guarded("The answer-token comparison"):
+        token_section(grader, str(model), run_id)
     with guarded("Credibility"):
         credibility_section(grader)
     with guarded("The text-only drop"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from google.protobuf.duration_pb2 import Duration
@@ -132,5 +133,9 @@ def entry_to_pb(entry: ResponseEntry | RunEndEntry) -> pb.StreamResponsesRespons
             error_message=entry.error_message,
             vigil_version=entry.vigil_version,
             model_config_digest=entry.model_config_digest,
+            logprobs=[
+                pb.TokenLogprob(token=t, logprob=lp)
+                for t, lp in (json.loads(entry.logprobs_json) if entry.logprobs_json else [])
+            ],
         )
     )

@@ -85,6 +85,8 @@ class ResponseEntry:
     error_message: str
     vigil_version: str
     model_config_digest: str = ""
+    # The generated tokens' log-probabilities as JSON [[token, logprob], ...]; "" when not offered.
+    logprobs_json: str = ""
     # Earlier attempts that failed and were retried: (attempt, start, latency_s, outcome, error).
     failed_attempts: tuple[tuple[int, datetime, float, str, str], ...] = ()
     seq: int = 0

@@ -8,6 +8,7 @@ second response for the same run and item).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import secrets
@@ -435,7 +436,7 @@ class RunManager:
         request_id = uuid.uuid4().hex
         start = earlier[0][1] if earlier else datetime.now(UTC)
         t0 = time.perf_counter() - sum(a[2] for a in earlier)
-        outcome, text, error, digest = Outcome.OK, "", "", ""
+        outcome, text, error, digest, logprobs = Outcome.OK, "", "", "", ""
         model_name, model_version = run.model_name, run.model_version
         failed = list(earlier)
         attempt = len(earlier)
@@ -447,6 +448,7 @@ class RunManager:
                 reply = await adapter.generate(images, prompt, request_id, timeout_s)
                 text, model_name, model_version = reply.text, reply.model_name, reply.model_version
                 digest = reply.config_digest
+                logprobs = json.dumps(reply.logprobs) if reply.logprobs else ""
                 outcome, error = Outcome.OK, ""
                 break
             except AdapterError as exc:
@@ -487,6 +489,7 @@ class RunManager:
             error_message=error,
             vigil_version=VIGIL_VERSION,
             model_config_digest=digest,
+            logprobs_json=logprobs,
             failed_attempts=tuple(failed),
         )
         return entry, retryable and outcome is not Outcome.OK

@@ -89,7 +89,7 @@ RESPONSE_COLUMNS = [
     "seq", "run_id", "benchmark_id", "benchmark_hash", "item_id", "format", "phrasing",
     "option_order", "image_mode", "endpoint_name", "protocol", "model_name", "model_version",
     "request_id", "start_time", "latency_s", "attempt_count", "outcome", "raw_text",
-    "error_message", "vigil_version", "model_config_digest",
+    "error_message", "vigil_version", "model_config_digest", "logprobs_json",
 ]  # fmt: skip
 
 
@@ -104,6 +104,7 @@ MIGRATIONS = [
     ("endpoints", "model_version", "VARCHAR"),
     ("runs", "image_mode", "VARCHAR"),
     ("responses", "model_config_digest", "VARCHAR"),
+    ("responses", "logprobs_json", "VARCHAR"),
 ]
 
 RESPONSE_TYPES = {

@@ -21,6 +21,7 @@ from grader.grading import GROUP_AXES, KEY_COLUMNS, KeyItem, grade, key_from_row
 from grader.regressions import compare_runs, comparison_frame, regression_alerts
 from grader.settings import GraderSettings
 from grader.store import DROP_COLUMNS, GRADED_COLUMNS, GraderStore, utc
+from grader.token_confidence import SOURCE_AXIS, answer_token_confidence, token_figures
 from rpc.client import aio_channel
 from vigil.gateway.v1 import gateway_pb2 as gw
 from vigil.gateway.v1 import gateway_pb2_grpc
@@ -190,6 +191,7 @@ class Grader:
                 is_control=False, outcome="ungraded", reason="no_answer_key", letter="",
                 confidence=-1, correct=False, true_class="", pred_class="", hierarchy="",
                 laterality="", image_path="", expect_abstain=False, hallucinated=-1,
+                token_confidence=-1,
                 **{axis: "" for axis in GROUP_AXES},
             )  # fmt: skip
             return row
@@ -203,6 +205,9 @@ class Grader:
             image_path=self._image_paths.get(r.benchmark_hash, {}).get(r.item_id, ""),
             expect_abstain=bool(getattr(item, "expect_abstain", False)),
             hallucinated=int(getattr(g, "hallucinated", -1)), **item.axes,
+            token_confidence=answer_token_confidence(
+                [(t.token, t.logprob) for t in r.logprobs], g.letter, g.pred_class
+            ) if g.outcome == "answered" else -1,
         )  # fmt: skip
         return row
 
@@ -328,6 +333,12 @@ def compute_figures(inputs: FigureInputs, cfg: GraderSettings) -> RunFigures:
         final=final, n_resamples=cfg.bootstrap_resamples, seed=cfg.bootstrap_seed,
         min_subjects=cfg.min_subjects,
     )  # fmt: skip
+    token = token_figures(
+        rows, run_id, str(run["model_name"]), final=final, n_resamples=cfg.bootstrap_resamples,
+        seed=group_seed(cfg.bootstrap_seed, run_id, SOURCE_AXIS), min_subjects=cfg.min_subjects,
+    )  # fmt: skip
+    if not token.empty:
+        metrics = pd.concat([metrics, token], ignore_index=True)
     cred = credibility(
         rows,
         n_resamples=cfg.bootstrap_resamples if final else 0,

@@ -174,6 +174,8 @@ MIGRATIONS = [
     ("graded", "image_path", "VARCHAR DEFAULT ''"),
     ("graded", "expect_abstain", "BOOLEAN DEFAULT false"),
     ("graded", "hallucinated", "INTEGER DEFAULT -1"),
+    # The probability the model gave its answer token, integer percent; -1 when not offered.
+    ("graded", "token_confidence", "INTEGER DEFAULT -1"),
     ("runs", "image_mode", "VARCHAR DEFAULT 'image'"),
     # Fixed when a run ends, so that replaying the log pairs the same runs: the model's previous
     # succeeded run on the same items and image mode (for regressions), and its latest succeeded
@@ -199,7 +201,7 @@ GRADED_COLUMNS = [
     "is_control", "plane", "sequence", "modality", "anatomy", "dataset", "gateway_outcome",
     "outcome", "reason", "letter", "confidence", "correct", "true_class", "pred_class",
     "start_time", "latency_s", "hierarchy", "laterality", "image_path", "expect_abstain",
-    "hallucinated",
+    "hallucinated", "token_confidence",
 ]  # fmt: skip
 
 METRIC_COLUMNS = [

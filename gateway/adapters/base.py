@@ -33,6 +33,8 @@ class ModelReply:
     model_name: str
     model_version: str
     config_digest: str = ""
+    # (token, natural-log probability) per generated token, when the endpoint offers them.
+    logprobs: tuple[tuple[str, float], ...] = ()
 
 
 class AdapterError(Exception):

@@ -49,12 +49,18 @@ class VigilAdapter:
             images=[model_pb2.Image(data=data, media_type=media) for data, media in images],
             prompt=prompt,
             request_id=request_id,
+            return_logprobs=True,
         )
         try:
             reply = await self._stub.Generate(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
-        return ModelReply(reply.text, reply.model_name, reply.model_version)
+        return ModelReply(
+            reply.text,
+            reply.model_name,
+            reply.model_version,
+            logprobs=tuple((t.token, t.logprob) for t in reply.logprobs),
+        )
 
     async def close(self) -> None:
         await self._channel.close()

@@ -19,6 +19,7 @@ import pytest
 from grader.credibility import credibility
 from grader.figures import FIGURE_AXES, VOXEL, compute_run_figures, group_seed
 from grader.grading import KEY_COLUMNS, grade, key_from_row
+from grader.token_confidence import SOURCE_AXIS, answer_token_confidence, token_figures
 from tests.stack import Stack, gateway_stub, grader_stub, register, wait_graded, wait_run
 from vigil.gateway.v1 import gateway_pb2 as gw
 from vigil.grader.v1 import grader_pb2 as gr
@@ -31,7 +32,7 @@ def read_log(gateway) -> list[gw.StreamResponsesResponse]:
 def all_metrics(grader, run_ids: list[str]) -> dict[tuple, tuple]:
     out = {}
     for run_id in run_ids:
-        for axis in ("", *FIGURE_AXES, VOXEL):
+        for axis in ("", *FIGURE_AXES, VOXEL, SOURCE_AXIS):
             values = grader.QueryMetrics(
                 gr.QueryMetricsRequest(run_id=run_id, group_axis=axis), timeout=30
             ).values
@@ -135,13 +136,29 @@ def test_two_models_end_to_end(stack: Stack, small_benchmark, tiny_model_dir) ->
                  "pred_class": g.pred_class, "hierarchy": item.hierarchy,
                  "laterality": item.laterality, "image_path": image_paths[r.item_id],
                  "expect_abstain": item.expect_abstain, "hallucinated": g.hallucinated,
-                 "is_control": item.is_control, **item.axes}
+                 "is_control": item.is_control, **item.axes,
+                 "token_confidence": answer_token_confidence(
+                     [(t.token, t.logprob) for t in r.logprobs], g.letter, g.pred_class
+                 ) if g.outcome == "answered" else -1}
             )  # fmt: skip
         model = next(r.model_name for r in responses if r.run_id == run_id)
         metrics, _ = compute_run_figures(
             pd.DataFrame(rows), run_id, model, final=True, n_resamples=200, seed=0, min_subjects=5
         )
         assert len(metrics) > 0
+        # The answer token's probability beside the stated confidence (backends with logprobs).
+        token = token_figures(
+            pd.DataFrame(rows), run_id, model, final=True, n_resamples=200,
+            seed=group_seed(0, run_id, SOURCE_AXIS), min_subjects=5,
+        )  # fmt: skip
+        if model == "tiny-llava":
+            assert len(token) > 0, "the hf backend's log-probabilities reach the grader"
+            assert sum(row["token_confidence"] >= 0 for row in rows) == (
+                token["response_count"].iloc[0] if len(token) else 0
+            )
+        else:
+            assert token.empty  # the random baseline offers no log-probabilities
+        metrics = pd.concat([metrics, token], ignore_index=True)
         for m in metrics.to_dict("records"):
             k = (run_id, m["task"], m["format"], m["group_axis"], m["group_value"], m["metric"])
             assert k in stored, k

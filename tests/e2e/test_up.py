@@ -38,6 +38,8 @@ def test_up_once_prints_summary_and_exits_zero(
         row = next(line for line in table.splitlines() if line.startswith(model))
         assert f" {len(audit_item_ids(small_benchmark))} " in row
     assert "coverage" in table and "ece" in table and "cw_rate" in table
+    # The hf backend offers log-probabilities: its stated confidence is set beside them.
+    assert "tiny-llava: stated confidence vs answer-token probability" in table
     # Everything stopped: the children's logs end with their stop messages.
     logs = data / "logs"
     assert "gateway stopping" in (logs / "gateway.log").read_text()

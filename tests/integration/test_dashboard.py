@@ -448,3 +448,34 @@ def test_credibility_drop_and_regression_tables() -> None:
     assert list(r["Metric"]) == ["Accuracy"]  # only headline metrics are shown
     assert r.iloc[0]["Change"] == "-0.200 [-0.30, -0.10]"
     assert (r.iloc[0]["Regressed"], r.iloc[0]["McNemar p"]) == ("yes", "0.004")
+
+
+def test_answer_token_probability_beside_stated_confidence(
+    tmp_path: Path, benchmark_root: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that offers log-probabilities gets the comparison table; the tiny hf model does."""
+    stack = Stack(tmp_path / "stack", benchmark_root)
+    try:
+        model = stack.start_model(
+            "hf", "hf", ["--model-path", str(tiny_model_dir), "--model-name", "tiny-llava",
+                         "--torch-threads", "1"],
+        )  # fmt: skip
+        gateway = stack.start_gateway()
+        grader = stack.start_grader(gateway, extra=["--bootstrap-resamples", "100"])
+        api = gateway_stub(gateway.address)
+        register(api, "tiny", model.address, concurrency=8)
+        run = api.StartRun(
+            gw.StartRunRequest(endpoint_name="tiny", benchmark="brain-mri-small"), timeout=10
+        ).run
+        assert wait_run(api, run.run_id).state == gw.RUN_STATE_SUCCEEDED
+        wait_graded(grader_stub(grader.address), [run.run_id])
+        at = render(monkeypatch, grader.address, gateway.address)
+        assert any("answer-token probability" in h.value for h in at.header)
+        compare = table(at, "figure", "stated confidence", "answer-token probability")
+        assert list(compare["figure"]) == ["mean confidence", "accuracy", "ECE", "Brier",
+                                           "AUROC (right vs wrong)"]  # fmt: skip
+        accuracy = compare[compare["figure"] == "accuracy"].iloc[0]
+        assert accuracy["answer-token probability"] != "n/a"
+    finally:
+        stack.stop("grader")
+        stack.close()
