@@ -296,6 +296,12 @@ class GraderStore:
         last_seq: int,
     ) -> None:
         """Store graded rows, new runs and run ends, and the new position, atomically."""
+        if not graded.empty:
+            # Rows built without a token probability (older callers) get "none" (-1).
+            token = graded.get("token_confidence", pd.Series(-1, index=graded.index))
+            graded = graded.assign(
+                token_confidence=pd.to_numeric(token, errors="coerce").fillna(-1).astype("int64")
+            )
         self.con.execute("BEGIN TRANSACTION")
         try:
             self._insert_df("graded", graded, GRADED_COLUMNS)
