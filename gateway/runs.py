@@ -369,15 +369,13 @@ class RunManager:
                 earlier: tuple[tuple[int, datetime, float, str, str], ...] = ()
                 while True:
                     await gate.open.wait()
-                    entry, retryable = await self._ask(
+                    entry, retryable, last = await self._ask(
                         run, ep, adapter, item_id, str(row[cols["prompt"]]), payload, timeout_s,
                         str(row[cols["format"]]), str(row[cols["phrasing"]]),
                         str(row[cols["option_order"]]), earlier,
                     )  # fmt: skip
                     if not retryable or await is_ready():
                         break
-                    last = (entry.attempt_count, entry.start_time, 0.0, entry.outcome.value,
-                            entry.error_message)  # fmt: skip
                     earlier = (*entry.failed_attempts, last)
                     # The endpoint went away: pause the run, then ask this item again.
                     log.warning("run %s: endpoint %s not ready; pausing", run.run_id, ep.name)
@@ -428,10 +426,11 @@ class RunManager:
         phrasing: str,
         option_order: str,
         earlier: tuple[tuple[int, datetime, float, str, str], ...] = (),
-    ) -> tuple[ResponseEntry, bool]:
+    ) -> tuple[ResponseEntry, bool, tuple[int, datetime, float, str, str]]:
         """Ask one item, retrying UNAVAILABLE and RESOURCE_EXHAUSTED with backoff.
 
-        Returns the entry to record and whether it failed with a retryable error.
+        Returns the entry to record, whether it failed with a retryable error, and its last
+        attempt as (attempt, start, latency_s, outcome, error).
         """
         request_id = uuid.uuid4().hex
         start = earlier[0][1] if earlier else datetime.now(UTC)
@@ -492,7 +491,8 @@ class RunManager:
             logprobs_json=logprobs,
             failed_attempts=tuple(failed),
         )
-        return entry, retryable and outcome is not Outcome.OK
+        last = (attempt, a_start, time.perf_counter() - a_t0, outcome.value, error)
+        return entry, retryable and outcome is not Outcome.OK, last
 
     async def _finish(self, run: Run, state: RunState, message: str) -> None:
         run.state = state
